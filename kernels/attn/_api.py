@@ -1,0 +1,126 @@
+"""The public attention function: validates, picks a backend and block sizes, calls the kernel."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import _numba_cpu
+from .._blas import single_threaded_blas
+from ._blocks import default_blocks
+from ._memory import ensure_fits
+from ._standard import standard_forward
+from ._validate import normalize
+
+ALGORITHMS = ("flash", "standard")
+BACKENDS = ("auto", "cpu")
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        known = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"unknown {name} {value!r}; known: {known}")
+
+
+def _split_count(tasks, n_key_blocks, threads):
+    """Split-KV factor (Flash-Decoding): give every thread several tasks when there are few query blocks."""
+    if tasks >= 4 * threads:
+        return 1
+    return max(1, min(n_key_blocks, math.ceil(4 * threads / tasks)))
+
+
+def _flash(q, k, v, scale, causal, block_q, block_k):
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    Br, Bc = default_blocks(d, q.itemsize, Hq // Hkv)
+    Br = min(block_q or Br, max(Nq, 1))
+    Bc = min(block_k or Bc, max(Nk, 1))
+    Tr = math.ceil(Nq / Br)
+    n_splits = _split_count(B * Hkv * Tr, math.ceil(Nk / Bc), _numba_cpu.num_threads())
+    o = np.empty_like(q)
+    lse = np.empty((B, Hq, Nq), dtype=q.dtype)
+    if n_splits > 1:
+        part_bytes = n_splits * (o.nbytes + lse.nbytes)
+        ensure_fits(part_bytes, f"attention split-KV partial results ({n_splits} splits)")
+        o_part = np.empty((n_splits,) + o.shape, dtype=q.dtype)
+        lse_part = np.empty((n_splits,) + lse.shape, dtype=q.dtype)
+    else:
+        o_part = np.empty((1, 1, 1, 1, 1), dtype=q.dtype)  # unused by the kernel when n_splits == 1
+        lse_part = np.empty((1, 1, 1, 1), dtype=q.dtype)
+    with single_threaded_blas():
+        _numba_cpu.flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits)
+    if n_splits > 1:
+        _numba_cpu.combine_splits(o_part, lse_part, o, lse)
+    return o, lse
+
+
+def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=None, block_k=None,
+              return_lse=False, backend="auto"):
+    """Exact scaled dot-product attention, O = softmax(scale · Q Kᵀ + mask) V.
+
+    Parameters
+    ----------
+    q : ndarray, (B, Hq, Nq, d), (Hq, Nq, d) or (Nq, d)
+        Queries. float16, float32 or float64.
+    k, v : ndarray, (B, Hkv, Nk, d), (Hkv, Nk, d) or (Nk, d)
+        Keys and values, the same shape and dtype as each other and the dtype of ``q``. ``Hq`` must be a multiple
+        of ``Hkv`` (grouped-query attention; ``Hkv = 1`` is multi-query): query head h reads kv head
+        ``h // (Hq // Hkv)``. ``Nk`` may differ from ``Nq`` (cross-attention, decode against a cache).
+    causal : bool
+        Mask keys after each query. With ``Nq != Nk`` the mask is aligned bottom-right, as in flash-attn: query i
+        sees keys ``j <= i + Nk - Nq``. A query that sees no key returns zeros (and lse = -inf), never NaN.
+    scale : float, optional
+        Multiplies the scores; finite and > 0. Default ``1 / sqrt(d)``.
+    algorithm : {"flash", "standard"}
+        ``"flash"``: FlashAttention-2's forward (tiled, online softmax, O(N·d) extra memory; Numba, parallel over
+        batch × kv heads × query blocks). ``"standard"``: materializes S = QKᵀ and P = softmax(S)
+        (2·B·Hq·Nq·Nk elements; refused before it starts when they exceed the available memory).
+    block_q, block_k : int, optional
+        The flash tile sizes Br (query rows) and Bc (key rows); default from this machine's L2 cache size
+        (FlashAttention Algorithm 1, line 1). Any size >= 1 works; they need not divide N. Ignored by
+        ``"standard"``.
+    return_lse : bool
+        Also return the log-sum-exp of each query row's scaled scores (natural log), shape ``q.shape[:-1]``.
+    backend : {"auto", "cpu"}
+        Where to run. ``"cpu"``: Numba (flash) or NumPy (standard) on this machine's cores.
+
+    Returns
+    -------
+    o : ndarray, the shape and dtype of ``q``
+    lse : ndarray, ``q.shape[:-1]``, in the compute dtype (only with ``return_lse=True``)
+
+    Raises
+    ------
+    TypeError
+        Non-array inputs, non-float or mixed dtypes, a non-integer block size or non-numeric scale.
+    ValueError
+        Wrong ndim, mismatched shapes or head dims, ``Hq`` not a multiple of ``Hkv``, block sizes < 1, scale <= 0
+        or non-finite, an unknown algorithm or backend.
+    kernels.InsufficientMemoryError
+        (a ``MemoryError``) when the predicted allocation exceeds the available memory; nothing is allocated.
+
+    Notes
+    -----
+    float32 and float64 compute in their own precision; float16 is computed in float32 and returned as float16.
+
+    NaN propagates to exactly the rows it touches, as in the oracle ``kernels.attn.reference``: a NaN in row i of
+    ``q`` makes output row i NaN; a NaN in key or value row j makes NaN every query row that sees key j (all rows
+    without ``causal``), and no other row.
+
+    References: Dao et al., "FlashAttention", NeurIPS 2022; Dao, "FlashAttention-2", 2023 (Algorithm 1).
+    """
+    _check_choice("algorithm", algorithm, ALGORITHMS)
+    _check_choice("backend", backend, BACKENDS)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    q4, k4, v4, scale, shape = normalize(q, k, v, scale=scale, block_q=block_q, block_k=block_k)
+    if algorithm == "standard":
+        o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
+    else:
+        o, lse = _flash(q4, k4, v4, scale, bool(causal), block_q, block_k)
+    o = o.reshape(shape).astype(q.dtype, copy=False)
+    if return_lse:
+        return o, lse.reshape(shape[:-1])
+    return o

@@ -1,0 +1,55 @@
+"""Standard attention on the CPU with NumPy: S = scale · Q Kᵀ and P = softmax(S) are materialized in memory.
+
+This is the algorithm FlashAttention replaces (Dao et al. 2022, Algorithm 0): S is written, the softmax reads S
+and writes P, and P V reads P, so it needs 2 · B · Hq · Nq · Nk elements of extra memory. Its matmuls run on
+NumPy's multithreaded BLAS, its elementwise passes on one core each, as frameworks' unfused attention does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._memory import ensure_fits
+
+
+def standard_bytes(B, Hq, Nq, Nk, itemsize, causal):
+    """Bytes that ``standard_forward`` allocates beyond its inputs and output: S and P, plus the causal mask."""
+    score_bytes = B * Hq * Nq * Nk * itemsize  # one (B, Hq, Nq, Nk) matrix
+    mask_bytes = Nq * Nk if causal else 0  # bool (Nq, Nk)
+    return 2 * score_bytes + mask_bytes
+
+
+def standard_forward(q, k, v, scale, causal):
+    """Attention over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v; returns (o, lse)."""
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    ensure_fits(standard_bytes(B, Hq, Nq, Nk, q.itemsize, causal), "attention(algorithm='standard') for S and P "
+                f"of shape ({B}, {Hq}, {Nq}, {Nk}) in {q.dtype}")
+    # GQA: the query heads of one group are stacked as rows against their shared kv head
+    q_g = q.reshape(B, Hkv, group * Nq, d)  # (B, Hkv, group·Nq, d)
+    s = np.matmul(q_g, k.transpose(0, 1, 3, 2)).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ, (B, Hq, Nq, Nk)
+    s *= scale
+    visible = None
+    if causal:
+        # bottom-right alignment: query i sees keys j <= i + Nk - Nq
+        visible = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)  # (Nq, Nk)
+        np.copyto(s, -np.inf, where=~visible)
+    m = s.max(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
+    m = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)  # a row that sees no key: P = 0, not exp(-inf + inf)
+    p = np.subtract(s, m)  # P is a second (B, Hq, Nq, Nk) array, as in the unfused algorithm
+    del s
+    np.exp(p, out=p)
+    l = p.sum(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
+    with np.errstate(divide="ignore"):  # log(0) = -inf for a row that sees no key
+        lse = (m + np.log(l))[..., 0]  # (B, Hq, Nq)
+    l_safe = np.where(l == 0.0, 1.0, l).astype(p.dtype)
+    p /= l_safe
+    p_g = p.reshape(B, Hkv, group * Nq, Nk)
+    o = np.matmul(p_g, v).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
+    if causal and not np.isfinite(v).all():
+        # 0 · NaN = NaN: a non-finite v row would leak into rows that do not see it; redo those sums row by row
+        v_h = np.repeat(v, group, axis=1)  # (B, Hq, Nk, d)
+        for i in range(Nq):
+            n_vis = int(visible[i].sum())
+            o[:, :, i, :] = np.einsum("bhj,bhjd->bhd", p[:, :, i, :n_vis], v_h[:, :, :n_vis, :])
+    return o, lse

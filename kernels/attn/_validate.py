@@ -1,0 +1,85 @@
+"""Argument checks shared by every attention backend, so that the same bad call raises the same error everywhere."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+# float16 is accepted and computed in float32 (its products and sums would overflow or lose too much in float16).
+COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
+                 np.dtype(np.float32): np.dtype(np.float32),
+                 np.dtype(np.float64): np.dtype(np.float64)}
+
+
+def _check_array(name, x):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
+    if x.dtype not in COMPUTE_DTYPE:
+        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+    if x.ndim not in (2, 3, 4):
+        raise ValueError(f"{name} must have 2, 3 or 4 dimensions ((N, d), (H, N, d) or (B, H, N, d)); "
+                         f"got shape {x.shape}")
+
+
+def check_block(name, value):
+    """A block size is None (choose from the machine) or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 1 or None; got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1; got {value}")
+    return int(value)
+
+
+def check_scale(scale, d):
+    """``scale`` defaults to 1/sqrt(d) (Vaswani et al. 2017, eq. 1); otherwise a finite number > 0."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None; got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"scale must be finite and > 0; got {scale}")
+    return scale
+
+
+def normalize(q, k, v, *, scale, block_q, block_k):
+    """Validate the inputs and view them as C-contiguous (B, H, N, d) arrays in the compute dtype.
+
+    Returns ``(q4, k4, v4, scale, q_shape)``; ``q_shape`` is the shape of the output.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_array(name, x)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if not (q.ndim == k.ndim == v.ndim):
+        raise ValueError(f"q, k and v must have the same number of dimensions; got shapes q {q.shape}, "
+                         f"k {k.shape}, v {v.shape}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
+    d = q.shape[-1]
+    if k.shape[-1] != d:
+        raise ValueError(f"head dims differ: q has d={d} (last axis), k and v have d={k.shape[-1]}")
+    if d < 1:
+        raise ValueError(f"the head dim (last axis of q) must be >= 1; got {d}")
+    if q.ndim == 4 and q.shape[0] != k.shape[0]:
+        raise ValueError(f"batch sizes differ: q has B={q.shape[0]}, k and v have B={k.shape[0]}")
+    if q.ndim >= 3:
+        Hq, Hkv = q.shape[-3], k.shape[-3]
+        if Hkv < 1 or Hq % Hkv != 0:
+            raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads "
+                             f"(GQA); got Hq={Hq}, Hkv={Hkv}")
+    check_block("block_q", block_q)
+    check_block("block_k", block_k)
+    scale = check_scale(scale, d)
+
+    compute = COMPUTE_DTYPE[q.dtype]
+
+    def as4d(x):
+        x = x.reshape((1,) * (4 - x.ndim) + x.shape)  # (B, H, N, d)
+        return np.ascontiguousarray(x, dtype=compute)
+
+    return as4d(q), as4d(k), as4d(v), scale, q.shape
