@@ -3,20 +3,31 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from pathlib import Path
 
 from threadpoolctl import ThreadpoolController
 
 
 @functools.lru_cache(maxsize=1)
-def _controller() -> ThreadpoolController:
-    # Numba's np.dot calls SciPy's BLAS; load it first so that the controller sees (and limits) it.
-    import scipy.linalg.cython_blas  # noqa: F401
+def _numba_blas():
+    """The BLAS that Numba's ``np.dot`` calls: SciPy's (``scipy.linalg.cython_blas``).
 
-    return ThreadpoolController()
+    Only that one is limited: NumPy wheels bundle a BLAS of their own, and resizing its thread pool on every call
+    wakes its threads, which then spin on the cores that Numba's threads need. Where both packages share one BLAS
+    (a conda environment, say), that shared library is the one selected.
+    """
+    import scipy.linalg.cython_blas  # noqa: F401  (load it, so that the controller sees it)
+
+    controller = ThreadpoolController().select(user_api="blas")
+    scipy_libs = [lib for lib in controller.lib_controllers
+                  if any(part.startswith("scipy") for part in Path(lib.filepath).parts)]
+    if scipy_libs:
+        controller.lib_controllers = scipy_libs
+    return controller
 
 
 @contextlib.contextmanager
 def single_threaded_blas():
-    """Limit every loaded BLAS to one thread inside the block (the Numba kernels call BLAS from each thread)."""
-    with _controller().limit(limits=1, user_api="blas"):
+    """Limit Numba's BLAS to one thread inside the block (the Numba kernels call it from each of their threads)."""
+    with _numba_blas().limit(limits=1):
         yield

@@ -1,0 +1,80 @@
+"""Measuring on this machine: median wall time and peak memory of a call."""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import tracemalloc
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock seconds of repeated calls after warm-up."""
+
+    median_s: float
+    min_s: float
+    repeats: int
+
+
+# Idle time before a measurement. OpenBLAS's worker threads spin for about 2^28 cycles (~0.1 s) after a call,
+# and OpenMP's (Numba's threading layer) spin too: without a pause, the previous measurement's pool steals the
+# cores from the next (measured: flash attention at N=512 ran 2x slower right after NumPy's BLAS had run).
+SETTLE_S = 0.3
+
+
+def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE_S) -> Timing:
+    """Idle ``settle_s``, call ``fn`` ``warmup`` times untimed (compilation, caches), then ``repeats`` times with
+    ``perf_counter``."""
+    time.sleep(settle_s)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return Timing(statistics.median(samples), min(samples), repeats)
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Memory a call needs above what the process held before it.
+
+    ``traced_bytes``: peak of NumPy's and Python's allocations (``tracemalloc``; exact and deterministic, but
+    blind to allocations made inside Numba-compiled code). ``rss_bytes``: peak growth of the resident set of the
+    whole process, sampled every ``interval_s`` by a background thread (sees everything that is touched, but a
+    peak shorter than the interval, or memory the allocator reuses, can be missed).
+    """
+
+    traced_bytes: int
+    rss_bytes: int
+
+
+def peak_memory(fn, *, interval_s: float = 0.0005) -> PeakMemory:
+    """Run ``fn`` once and return its peak memory above the baseline."""
+    process = psutil.Process()
+    baseline = process.memory_info().rss
+    peak_rss = baseline
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak_rss
+        while not stop.is_set():
+            peak_rss = max(peak_rss, process.memory_info().rss)
+            stop.wait(interval_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    tracemalloc.start()
+    sampler.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        sampler.join()
+        _, traced_peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    peak_rss = max(peak_rss, process.memory_info().rss)
+    return PeakMemory(traced_bytes=traced_peak, rss_bytes=max(0, peak_rss - baseline))
