@@ -111,11 +111,10 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     """
     _check_choice("algorithm", algorithm, ALGORITHMS)
     _check_choice("backend", backend, BACKENDS)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
-    q4, k4, v4, scale, shape = normalize(q, k, v, scale=scale, block_q=block_q, block_k=block_k)
+    q4, k4, v4, scale, shape = normalize(q, k, v, causal=causal, scale=scale, block_q=block_q,
+                                           block_k=block_k)
     if algorithm == "standard":
         o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
     else:

@@ -27,7 +27,15 @@ from numba.extending import overload
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x · log2 e)
-LN2 = 0.6931471805599453  # ln 2
+# ln 2 split in two (Cody & Waite 1980, "Software Manual for the Elementary Functions", ch. 6): the high part
+# has few enough mantissa bits that r·LN2_HI is exact, so x − r·ln2 keeps its precision for large |x|.
+# Values: Cephes expf (0.693359375, -2.12194440e-4) and fdlibm e_exp.c (ln2HI, ln2LO).
+LN2_HI_F32, LN2_LO_F32 = 0.693359375, -2.12194440e-4
+LN2_HI_F64, LN2_LO_F64 = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+# Below these, exp(x) is under the smallest normal (2^-126, 2^-1022): clamped there, it adds nothing next to the
+# row max's exp(0) = 1.
+EXP_MIN_F32 = -87.0
+EXP_MIN_F64 = -708.0
 
 
 def exp_row(s, n, m, c, bits):
@@ -35,20 +43,18 @@ def exp_row(s, n, m, c, bits):
 
     ``m`` is the row max, so every argument is ≤ 0. exp(x) = 2^r · exp(f), r = round(x·log2 e), f = x − r·ln 2 in
     [−ln2/2, ln2/2]: 2^r is written straight into the exponent bits of a float (IEEE 754), exp(f) is its Taylor
-    polynomial, degree 6 for float32 (truncation error ≤ 0.347⁷/7! = 1.2e-7 relative, below float32's 6e-8·2)
-    and degree 12 for float64 (≤ 0.347¹³/13! = 1.8e-16). Arguments below the smallest normal exponent are clamped
-    there: exp(x) < 2^-126 (float32) contributes nothing next to exp(0) = 1 from the row's max.
+    polynomial, degree 6 for float32 (truncation error ≤ 0.347⁷/7! = 1.2e-7 relative) and degree 12 for float64
+    (≤ 0.347¹³/13! = 1.8e-16). Arguments below the smallest normal's exponent are clamped there.
     """
     raise NotImplementedError("compiled through numba.extending.overload; call it from jitted code")
 
 
 def _exp_row_f32(s, n, m, c, bits):
-    c2 = np.float32(c * LOG2E)
-    ln2 = np.float32(LN2)
+    c32 = np.float32(c)
     for j in range(n):
-        t = max((s[j] - m) * c2, np.float32(-126.0))  # x · log2 e, clamped to float32's normal exponent range
-        r = math.floor(t + np.float32(0.5))  # round to nearest
-        f = (t - r) * ln2  # in [-ln2/2, ln2/2]
+        x = max((s[j] - m) * c32, np.float32(EXP_MIN_F32))
+        r = math.floor(x * np.float32(LOG2E) + np.float32(0.5))  # round(x · log2 e)
+        f = x - r * np.float32(LN2_HI_F32) - r * np.float32(LN2_LO_F32)  # x − r·ln2 in [-ln2/2, ln2/2]
         s[j] = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
             np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
         bits[j] = (np.int32(r) + np.int32(127)) << 23  # 2^r: biased exponent, zero mantissa (IEEE 754 binary32)
@@ -62,11 +68,10 @@ def _exp_row_f32(s, n, m, c, bits):
 
 
 def _exp_row_f64(s, n, m, c, bits):
-    c2 = c * LOG2E
     for j in range(n):
-        t = max((s[j] - m) * c2, -1022.0)  # clamped to float64's normal exponent range
-        r = math.floor(t + 0.5)
-        f = (t - r) * LN2
+        x = max((s[j] - m) * c, EXP_MIN_F64)
+        r = math.floor(x * LOG2E + 0.5)  # round(x · log2 e)
+        f = x - r * LN2_HI_F64 - r * LN2_LO_F64  # x − r·ln2 in [-ln2/2, ln2/2]
         p = 1.0 / 479001600.0  # 1/12!, then Horner down to 1/0!
         p = 1.0 / 39916800.0 + f * p
         p = 1.0 / 3628800.0 + f * p

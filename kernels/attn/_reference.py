@@ -26,7 +26,8 @@ def reference(q, k, v, *, causal=False, scale=None, return_lse=False):
     o : ndarray, float64, the shape of ``q``
     lse : ndarray, float64, ``q.shape[:-1]`` (only when ``return_lse``); -inf for a row that sees no key.
     """
-    qn, kn, vn, scale, shape = normalize(q, k, v, scale=scale, block_q=None, block_k=None)
+    qn, kn, vn, scale, shape = normalize(q, k, v, causal=causal, scale=scale, block_q=None,
+                                                 block_k=None)
     q64, k64, v64 = (x.astype(np.float64) for x in (qn, kn, vn))
     B, Hq, Nq, d = q64.shape
     Hkv, Nk = k64.shape[1], k64.shape[2]

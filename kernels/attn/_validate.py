@@ -46,7 +46,7 @@ def check_scale(scale, d):
     return scale
 
 
-def normalize(q, k, v, *, scale, block_q, block_k):
+def normalize(q, k, v, *, causal, scale, block_q, block_k):
     """Validate the inputs and view them as C-contiguous (B, H, N, d) arrays in the compute dtype.
 
     Returns ``(q4, k4, v4, scale, q_shape)``; ``q_shape`` is the shape of the output.
@@ -72,6 +72,8 @@ def normalize(q, k, v, *, scale, block_q, block_k):
         if Hkv < 1 or Hq % Hkv != 0:
             raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads "
                              f"(GQA); got Hq={Hq}, Hkv={Hkv}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     check_block("block_q", block_q)
     check_block("block_k", block_k)
     scale = check_scale(scale, d)

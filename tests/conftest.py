@@ -1,0 +1,48 @@
+"""Shared test helpers: fresh random inputs and the per-dtype tolerance table."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+# One tolerance table per dtype: |x − ref| <= atol + rtol·|ref| against the float64 oracle (run on the same
+# rounded inputs). float16 is judged by flash-attn's rule instead (see ``assert_close``).
+TOLERANCES = {
+    np.dtype(np.float64): {"atol": 1e-12, "rtol": 1e-10},
+    np.dtype(np.float32): {"atol": 3e-6, "rtol": 1e-5},
+}
+# flash-attn's rule for low precision: error <= LOW_PRECISION_FACTOR × the error of the same computation done
+# plainly in that precision; UNIT_ROUNDOFF (half an ulp, relative) covers rounding the float16 output itself.
+LOW_PRECISION_FACTOR = 2.0
+UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11}
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's id, so every test draws its own fresh, reproducible inputs."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng(seed)
+
+
+def assert_close(actual, reference, dtype, plain=None):
+    """Compare with the oracle under the dtype's tolerance; for float16, ``plain`` is the plain-precision result."""
+    dtype = np.dtype(dtype)
+    actual = np.asarray(actual, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    assert actual.shape == reference.shape
+    assert np.array_equal(np.isnan(actual), np.isnan(reference)), "NaN pattern differs from the oracle"
+    finite = np.isfinite(reference)
+    assert np.array_equal(np.isfinite(actual), finite), "inf pattern differs from the oracle"
+    assert np.array_equal(actual[~finite & ~np.isnan(reference)], reference[~finite & ~np.isnan(reference)])
+    err = np.abs(actual[finite] - reference[finite])
+    if dtype in TOLERANCES:
+        tol = TOLERANCES[dtype]
+        bound = tol["atol"] + tol["rtol"] * np.abs(reference[finite])
+        worst = np.argmax(err - bound) if err.size else None
+        assert np.all(err <= bound), (f"max error {err.max():.3g} exceeds atol {tol['atol']} + rtol "
+                                      f"{tol['rtol']}·|ref| at |ref|={np.abs(reference[finite])[worst]:.3g}")
+    else:
+        plain_err = np.abs(np.asarray(plain, dtype=np.float64)[finite] - reference[finite]).max(initial=0.0)
+        bound = LOW_PRECISION_FACTOR * plain_err + UNIT_ROUNDOFF[dtype] * np.abs(reference).max(initial=0.0)
+        assert err.max(initial=0.0) <= bound, f"error {err.max():.3g} > 2 × plain {dtype} error {plain_err:.3g}"

@@ -1,0 +1,236 @@
+"""kernels.attention (both algorithms, every input layout) against the float64 oracle kernels.attn.reference."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels.attn import _memory, reference
+from tests.conftest import assert_close
+
+ALGORITHMS = ("flash", "standard")
+
+
+@dataclass(frozen=True)
+class Case:
+    Nq: int
+    Nk: int
+    d: int
+    Hq: int = 9
+    Hkv: int = 3
+    B: int = 1
+    dtype: str = "float32"
+    causal: bool = False
+    block_q: int | None = None
+    block_k: int | None = None
+
+    def __str__(self):
+        blocks = f"-blk{self.block_q}x{self.block_k}" if self.block_q or self.block_k else ""
+        return (f"B{self.B}-H{self.Hq}/{self.Hkv}-Nq{self.Nq}-Nk{self.Nk}-d{self.d}-{self.dtype}"
+                f"{'-causal' if self.causal else ''}{blocks}")
+
+
+def _cases():
+    cases = []
+    # sequence lengths: self-attention and cross/decode shapes, GQA 9/3, d=64
+    for n in (1, 7, 64, 113, 203, 1023, 1024):
+        for causal in (False, True):
+            cases.append(Case(n, n, 64, causal=causal))
+    for nq, nk in ((113, 203), (1, 1024), (1024, 1), (1023, 1024)):
+        for causal in (False, True):
+            cases.append(Case(nq, nk, 64, causal=causal))
+    # head dims, in both full precisions
+    for d in (1, 16, 40, 64, 80, 128, 256):
+        for dtype in ("float32", "float64"):
+            cases.append(Case(113, 113, d, Hq=2, Hkv=2, dtype=dtype, causal=d % 2 == 0))
+    # head layouts (GQA, MQA, MHA, batch) in every dtype
+    for hq, hkv, b in ((9, 3, 1), (8, 1, 2), (4, 4, 2)):
+        for dtype in ("float16", "float32", "float64"):
+            for causal in (False, True):
+                cases.append(Case(113, 203, 40, Hq=hq, Hkv=hkv, B=b, dtype=dtype, causal=causal))
+    # blocks that do not divide N, blocks larger than N, single-row blocks
+    for block_q, block_k in ((7, 13), (64, 48), (300, 17), (1, 1), (1, 1024), (1024, 5)):
+        for causal in (False, True):
+            cases.append(Case(113, 203, 16, dtype="float64", causal=causal, block_q=block_q, block_k=block_k))
+            cases.append(Case(203, 113, 16, dtype="float64", causal=causal, block_q=block_q, block_k=block_k))
+    return cases
+
+
+def _inputs(rng, case):
+    q = rng.standard_normal((case.B, case.Hq, case.Nq, case.d)).astype(case.dtype)
+    k = rng.standard_normal((case.B, case.Hkv, case.Nk, case.d)).astype(case.dtype)
+    v = rng.standard_normal((case.B, case.Hkv, case.Nk, case.d)).astype(case.dtype)
+    return q, k, v
+
+
+def plain_attention(q, k, v, causal):
+    """Attention done plainly in the inputs' own precision (for flash-attn's low-precision rule)."""
+    dt = q.dtype
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = (q @ k.swapaxes(-1, -2)) * dt.type(1 / np.sqrt(q.shape[-1]))  # (B, Hq, Nq, Nk)
+    nq, nk = s.shape[-2:]
+    if causal:
+        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq, s, dt.type(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), dt.type(0), m)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    return (p / np.where(l == 0, dt.type(1), l)) @ v
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("case", _cases(), ids=str)
+def test_matches_oracle(rng, case, algorithm):
+    q, k, v = _inputs(rng, case)
+    ref_o, ref_lse = reference(q, k, v, causal=case.causal, return_lse=True)
+    o, lse = kernels.attention(q, k, v, causal=case.causal, algorithm=algorithm, block_q=case.block_q,
+                               block_k=case.block_k, return_lse=True)
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert lse.shape == q.shape[:-1]
+    plain = plain_attention(q, k, v, case.causal) if case.dtype == "float16" else None
+    assert_close(o, ref_o, case.dtype, plain=plain)
+    lse_dtype = "float32" if case.dtype == "float16" else case.dtype
+    assert_close(lse, ref_lse, lse_dtype)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("shape_q, shape_kv", [((113, 40), (203, 40)), ((3, 113, 40), (1, 203, 40))],
+                         ids=["2d", "3d"])
+def test_lower_rank_inputs(rng, algorithm, shape_q, shape_kv):
+    q = rng.standard_normal(shape_q).astype(np.float32)
+    k, v = (rng.standard_normal(shape_kv).astype(np.float32) for _ in range(2))
+    o = kernels.attention(q, k, v, causal=True, algorithm=algorithm)
+    assert o.shape == q.shape
+    assert_close(o, reference(q, k, v, causal=True), "float32")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_noncontiguous_inputs_are_not_modified(rng, algorithm):
+    base = rng.standard_normal((1, 4, 64, 97)).astype(np.float32)
+    q = base[..., :48, ::2]  # strided view, (1, 4, 48, 49)
+    k = rng.standard_normal((1, 2, 49, 70)).astype(np.float32).swapaxes(-1, -2)  # (1, 2, 70, 49)
+    v = np.asfortranarray(rng.standard_normal((1, 2, 70, 49)).astype(np.float32))
+    copies = [x.copy() for x in (q, k, v)]
+    o = kernels.attention(q, k, v, algorithm=algorithm)
+    assert_close(o, reference(q, k, v), "float32")
+    for x, c in zip((q, k, v), copies):
+        assert np.array_equal(x, c)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_scale(rng, algorithm):
+    q, k, v = _inputs(rng, Case(64, 80, 32, dtype="float64"))
+    default = kernels.attention(q, k, v, algorithm=algorithm)
+    explicit = kernels.attention(q, k, v, algorithm=algorithm, scale=1 / np.sqrt(32))
+    np.testing.assert_allclose(default, explicit, rtol=1e-12, atol=1e-14)
+    assert_close(kernels.attention(q, k, v, algorithm=algorithm, scale=0.37), reference(q, k, v, scale=0.37),
+                 "float64")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_query_that_sees_no_key_gives_zeros(rng, algorithm, dtype):
+    # causal with Nq > Nk, bottom-right aligned: query i sees keys j <= i + Nk - Nq, so the first Nq - Nk see none
+    nq, nk = 50, 20
+    q, k, v = _inputs(rng, Case(nq, nk, 16, Hq=2, Hkv=1, dtype=dtype))
+    o, lse = kernels.attention(q, k, v, causal=True, algorithm=algorithm, return_lse=True)
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+    blind = nq - nk
+    assert np.all(o[:, :, :blind] == 0)
+    assert np.all(np.isneginf(lse[:, :, :blind]))
+    assert np.all(np.isfinite(lse[:, :, blind:]))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_nan_reaches_exactly_the_rows_it_touches(rng, algorithm, where, causal):
+    q, k, v = _inputs(rng, Case(70, 90, 16, Hq=4, Hkv=2, dtype="float32"))
+    inputs = {"q": q, "k": k, "v": v}
+    row = 45
+    inputs[where][0, 1, row, 3] = np.nan
+    o = kernels.attention(q, k, v, causal=causal, algorithm=algorithm, block_q=16, block_k=16)
+    ref = reference(q, k, v, causal=causal)
+    assert np.array_equal(np.isnan(o), np.isnan(ref))
+    nan_rows = np.isnan(o).any(axis=-1)
+    if where == "q":
+        expected = np.zeros_like(nan_rows)
+        expected[0, 1, row] = True
+    else:
+        # kv head 1 serves query heads 2 and 3; with the mask, query i sees key 45 when i + 90 - 70 >= 45
+        expected = np.zeros_like(nan_rows)
+        expected[0, 2:4, (row - 20 if causal else 0):] = True
+    assert np.array_equal(nan_rows, expected)
+
+
+def test_float16_returns_float16_with_float32_lse(rng):
+    q, k, v = _inputs(rng, Case(33, 33, 16, dtype="float16"))
+    o, lse = kernels.attention(q, k, v, return_lse=True)
+    assert o.dtype == np.float16 and lse.dtype == np.float32
+
+
+def test_decode_allocates_no_n_squared(rng):
+    # Nq = 1 against a long cache: extra memory must stay O(Nk·d) (the scores of one row), never Nk²
+    import tracemalloc
+
+    nk, d = 200_000, 8
+    q = rng.standard_normal((1, 2, 1, d)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 1, nk, d)).astype(np.float32) for _ in range(2))
+    for algorithm in ALGORITHMS:
+        kernels.attention(q, k, v, causal=True, algorithm=algorithm)  # compile outside the trace
+        tracemalloc.start()
+        o = kernels.attention(q, k, v, causal=True, algorithm=algorithm)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 4 * k.nbytes, f"{algorithm}: decode allocated {peak} bytes"
+        assert_close(o, reference(q, k, v, causal=True), "float32")
+
+
+def test_standard_refuses_what_does_not_fit(rng, monkeypatch):
+    q, k, v = _inputs(rng, Case(64, 64, 8, Hq=2, Hkv=2))
+    predicted = 2 * 1 * 2 * 64 * 64 * 4 + 64 * 64  # S and P in float32 + the bool mask
+    monkeypatch.setattr(_memory, "available_bytes", lambda: predicted - 1)
+    with pytest.raises(kernels.InsufficientMemoryError, match=f"{predicted} bytes"):
+        kernels.attention(q, k, v, causal=True, algorithm="standard")
+    monkeypatch.setattr(_memory, "available_bytes", lambda: predicted)
+    kernels.attention(q, k, v, causal=True, algorithm="standard")
+    # flash needs no S or P and still runs
+    monkeypatch.setattr(_memory, "available_bytes", lambda: 1)
+    kernels.attention(q, k, v, causal=True, algorithm="flash")
+
+
+def test_default_blocks_follow_the_cache(monkeypatch):
+    from kernels.attn import _blocks
+
+    monkeypatch.setattr(_blocks, "l2_bytes", lambda: 1 << 20)
+    big = _blocks.default_blocks(64, 4)
+    monkeypatch.setattr(_blocks, "l2_bytes", lambda: 1 << 18)
+    small = _blocks.default_blocks(64, 4)
+    assert big == (256, 256)  # M = 2^20 / 4 / 4 B = 65536 elements, Bc = M / 4d = 256
+    assert small == (64, 64)
+    assert _blocks.default_blocks(64, 4, group=3)[0] < big[0]
+
+
+@pytest.mark.parametrize("dtype, max_rel_err", [("float32", 3e-7), ("float64", 1e-15)])
+def test_vectorized_exp_of_the_flash_kernel(rng, dtype, max_rel_err):
+    # the kernel's exp (exponent bits + polynomial) against libm in float64, over the range softmax feeds it
+    from numba import njit
+
+    from kernels.attn._numba_cpu import exp_row, int_buffer
+
+    @njit
+    def run(s, m, c):
+        bits = int_buffer(s, s.size)
+        total = exp_row(s, s.size, m, c, bits)
+        return total
+
+    x = np.concatenate([-rng.uniform(0, 80, 4000), -rng.uniform(0, 1, 4000), [0.0, -1e-30]]).astype(dtype)
+    s = x.copy()
+    total = run(s, 0.0, 1.0)
+    exact = np.exp(x.astype(np.float64))
+    rel = np.abs(s - exact) / exact
+    assert rel.max() <= max_rel_err, f"max relative error {rel.max():.3g}"
+    assert abs(total - exact.sum()) <= 1e-5 * exact.sum() if dtype == "float32" else 1e-13 * exact.sum()
