@@ -43,10 +43,11 @@ def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE
 class PeakMemory:
     """Memory a call needs above what the process held before it.
 
-    ``traced_bytes``: peak of NumPy's and Python's allocations (``tracemalloc``; exact and deterministic, but
-    blind to allocations made inside Numba-compiled code). ``rss_bytes``: peak growth of the resident set of the
-    whole process, sampled every ``interval_s`` by a background thread (sees everything that is touched, but a
-    peak shorter than the interval, or memory the allocator reuses, can be missed).
+    ``traced_bytes``: peak of the allocations made through Python's and NumPy's allocators (``tracemalloc``),
+    which include the arrays Numba-compiled code allocates (checked: the flash kernel's per-thread tiles show up);
+    exact and repeatable. ``rss_bytes``: peak growth of the resident set of the whole process, sampled every
+    ``interval_s`` by a background thread (sees everything that is touched, but a peak shorter than the interval,
+    or memory the allocator reuses, can be missed).
     """
 
     traced_bytes: int

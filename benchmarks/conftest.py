@@ -1,0 +1,63 @@
+"""Benchmark fixtures: this machine's peaks measured in the same run, and a summary table printed at the end.
+
+Run: ``python -m pytest benchmarks/ --benchmark-only`` (not part of the default test run). Where the environment
+sets ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE`` (they slow a current NumPy's BLAS), run with both unset for that
+command alone: ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m pytest benchmarks/ --benchmark-only``;
+the summary prints which BLAS kernel then ran.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from simulator.measure import SETTLE_S, time_call
+
+SGEMM_N = 2048  # large enough that sgemm runs near peak on every core
+COPY_BYTES = 256 * 2**20  # well above any last-level cache
+
+
+def pytest_configure(config):
+    config._ioaware_rows = []
+
+
+@pytest.fixture(scope="session")
+def machine_peaks():
+    """sgemm GFLOP/s (2·n³ / t) and copy GB/s (2·bytes / t: each byte read once and written once), measured now."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32) for _ in range(2))
+    sgemm = time_call(lambda: a @ b, repeats=5, warmup=2)
+    src = np.ones(COPY_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    copy = time_call(lambda: np.copyto(dst, src), repeats=5, warmup=1)
+    return {"sgemm_gflops": 2 * SGEMM_N**3 / sgemm.median_s / 1e9,
+            "copy_gbps": 2 * COPY_BYTES / copy.median_s / 1e9}
+
+
+@pytest.fixture(autouse=True)
+def settle():
+    """Let the previous benchmark's thread pools stop spinning (see simulator.measure.SETTLE_S)."""
+    time.sleep(SETTLE_S)
+
+
+@pytest.fixture
+def record(request):
+    """Add a row (a dict) to the summary table printed after the run."""
+    return request.config._ioaware_rows.append
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    rows = getattr(config, "_ioaware_rows", [])
+    if not rows:
+        return
+    from threadpoolctl import threadpool_info
+
+    tr = terminalreporter
+    tr.section("ioaware figures")
+    blas = {(i.get("internal_api"), i.get("architecture")) for i in threadpool_info() if i["user_api"] == "blas"}
+    tr.write_line(f"machine: {os.cpu_count()} logical cores; BLAS: {sorted(blas)}; "
+                  f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    for row in rows:
+        tr.write_line("  ".join(f"{key}={value}" for key, value in row.items()))
