@@ -23,10 +23,14 @@ def _check_choice(name, value, choices):
 
 
 def _split_count(tasks, n_key_blocks, threads):
-    """Split-KV factor (Flash-Decoding): give every thread several tasks when there are few query blocks."""
-    if tasks >= 4 * threads:
+    """Split-KV factor (Flash-Decoding): with few query blocks (decode), split the keys so that every thread gets
+    several tasks and all threads the same number (3 kv heads on 2 threads: 4 splits, 12 tasks)."""
+    if tasks >= 4 * threads or n_key_blocks <= 1:
         return 1
-    return max(1, min(n_key_blocks, math.ceil(4 * threads / tasks)))
+    n_splits = math.ceil(4 * threads / tasks)
+    while (tasks * n_splits) % threads and n_splits < n_key_blocks:
+        n_splits += 1
+    return min(n_splits, n_key_blocks)
 
 
 def _flash(q, k, v, scale, causal, block_q, block_k):

@@ -120,6 +120,16 @@ def _exp_row_overload(s, p, n, m, c):
     return _exp_row_f64
 
 
+@njit(fastmath=FASTMATH)
+def _all_finite(x):
+    """True if no element of the 2-D array x is NaN or ±inf."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            if not math.isfinite(x[i, j]):
+                return False
+    return True
+
+
 @njit(inline="always", fastmath=FASTMATH)
 def _row_max(s, n, m):
     """max(m, s[0:n]); a NaN in s does not enter the max, it propagates through exp later."""
@@ -171,6 +181,8 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
             k_j = k[b, hk, c0:c0 + bc]  # (bc, d)
             v_j = v[b, hk, c0:c0 + bc]  # (bc, d)
             on_diagonal = causal and c0 + bc - 1 > r0 + offset  # some row of the block must not see some key
+            # masked P entries are 0, and 0·v = 0 unless v is NaN or inf: only then must P·V skip masked keys
+            masked_v_nonfinite = on_diagonal and not _all_finite(v_j)
             for g in range(group):
                 h = hk * group + g
                 q_i = q[b, h, r0:r0 + br]  # (br, d)
@@ -200,7 +212,7 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                     alpha[ii] = math.exp(m_old - m_i[g, ii])
                     l_i[g, ii] = alpha[ii] * l_i[g, ii] + row_sum
                 # O_i ← diag(alpha) O_i + P_ij V_j
-                if on_diagonal:
+                if masked_v_nonfinite:
                     # row by row over the visible keys only, so that a NaN in a masked v row stays out
                     for ii in range(br):
                         n_vis = max(0, min(bc, r0 + ii + offset - c0 + 1))
