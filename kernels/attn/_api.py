@@ -109,7 +109,8 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
 
     NaN propagates to exactly the rows it touches, as in the oracle ``kernels.attn.reference``: a NaN in row i of
     ``q`` makes output row i NaN; a NaN in key or value row j makes NaN every query row that sees key j (all rows
-    without ``causal``), and no other row.
+    without ``causal``), and no other row. An inf in ``q`` or ``k`` gives scores of ±inf: a score of +inf makes
+    its row NaN (inf − inf in the softmax), a score of −inf gives its key zero weight.
 
     References: Dao et al., "FlashAttention", NeurIPS 2022; Dao, "FlashAttention-2", 2023 (Algorithm 1).
     """

@@ -24,8 +24,8 @@ import math
 
 import numba
 import numpy as np
-from numba import njit, prange, types
 from llvmlite import ir
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 # Fast-math without 'nnan'/'ninf': reductions may be reassociated (so they vectorize), but NaN and inf keep their
@@ -52,12 +52,22 @@ RESCALE_LIMIT = 2.0**16
 @intrinsic
 def _as_float(typingctx, bits):
     """Reinterpret the bits of an int32 as a float32, or of an int64 as a float64 (no conversion)."""
-    if bits == types.int32:
-        return types.float32(types.int32), lambda context, builder, sig, args: builder.bitcast(args[0], ir.FloatType())
-    if bits == types.int64:
-        return types.float64(types.int64), lambda context, builder, sig, args: builder.bitcast(args[0],
-                                                                                               ir.DoubleType())
-    return None
+    targets = {types.int32: (types.float32, ir.FloatType()), types.int64: (types.float64, ir.DoubleType())}
+    if bits not in targets:
+        return None
+    result, llvm_type = targets[bits]
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_type)
+
+    return result(bits), codegen
+
+
+@njit(inline="always")
+def _clamp(x, lo, hi):
+    """x limited to [lo, hi]; unlike min/max, a NaN x stays NaN (each comparison is false for it)."""
+    x = lo if x < lo else x
+    return hi if x > hi else x
 
 
 def exp_row(s, p, n, m, c):
@@ -67,7 +77,7 @@ def exp_row(s, p, n, m, c):
     exponent bits of a float (IEEE 754), exp(f) is its Taylor polynomial, degree 6 for float32 (truncation error
     ≤ 0.347⁷/7! = 1.2e-7 relative) and degree 12 for float64 (≤ 0.347¹³/13! = 1.8e-16). x is clamped to the
     normal exponent range, so no bit pattern wraps; a clamped large x shows as a huge sum, which the caller
-    treats as a new maximum. One pass, no branch: it vectorizes.
+    treats as a new maximum. A NaN passes the clamp and makes the sum NaN. One pass, no branch: it vectorizes.
     """
     raise NotImplementedError("compiled through numba.extending.overload; call it from jitted code")
 
@@ -76,7 +86,7 @@ def _exp_row_f32(s, p, n, m, c):
     c32, m32 = np.float32(c), np.float32(m)  # keep the loop in float32 (a float64 m would widen every lane)
     total = np.float32(0.0)
     for j in range(n):
-        x = min(max(s[j] * c32 - m32, np.float32(EXP_MIN_F32)), np.float32(EXP_MAX_F32))
+        x = _clamp(s[j] * c32 - m32, np.float32(EXP_MIN_F32), np.float32(EXP_MAX_F32))
         r = np.floor(x * np.float32(LOG2E) + np.float32(0.5))  # round(x · log2 e), kept in float32
         f = x - r * np.float32(LN2_HI_F32) - r * np.float32(LN2_LO_F32)  # x − r·ln2 in [-ln2/2, ln2/2]
         poly = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
@@ -91,7 +101,7 @@ def _exp_row_f32(s, p, n, m, c):
 def _exp_row_f64(s, p, n, m, c):
     total = 0.0
     for j in range(n):
-        x = min(max(s[j] * c - m, EXP_MIN_F64), EXP_MAX_F64)
+        x = _clamp(s[j] * c - m, EXP_MIN_F64, EXP_MAX_F64)
         r = np.floor(x * LOG2E + 0.5)  # round(x · log2 e)
         f = x - r * LN2_HI_F64 - r * LN2_LO_F64  # x − r·ln2 in [-ln2/2, ln2/2]
         poly = 1.0 / 479001600.0  # 1/12!, then Horner down to 1/0!

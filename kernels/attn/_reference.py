@@ -44,7 +44,8 @@ def reference(q, k, v, *, causal=False, scale=None, return_lse=False):
             continue  # sees no key: output 0, lse -inf
         s = np.einsum("bhd,bhjd->bhj", q64[:, :, i, :], k64[:, :, :n_visible, :]) * scale  # (B, Hq, n_visible)
         m = s.max(axis=-1, keepdims=True)  # (B, Hq, 1)
-        p = np.exp(s - m)  # (B, Hq, n_visible)
+        with np.errstate(invalid="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
+            p = np.exp(s - m)  # (B, Hq, n_visible)
         l = p.sum(axis=-1)  # (B, Hq)
         o[:, :, i, :] = np.einsum("bhj,bhjd->bhd", p, v64[:, :, :n_visible, :]) / l[..., None]  # (B, Hq, d)
         lse[:, :, i] = m[..., 0] + np.log(l)

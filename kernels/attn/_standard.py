@@ -36,7 +36,8 @@ def standard_forward(q, k, v, scale, causal):
         np.copyto(s, -np.inf, where=~visible)
     m = s.max(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
     m = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)  # a row that sees no key: P = 0, not exp(-inf + inf)
-    p = np.subtract(s, m)  # P is a second (B, Hq, Nq, Nk) array, as in the unfused algorithm
+    with np.errstate(invalid="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
+        p = np.subtract(s, m)  # P is a second (B, Hq, Nq, Nk) array, as in the unfused algorithm
     del s
     np.exp(p, out=p)
     l = p.sum(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)

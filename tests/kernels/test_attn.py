@@ -145,13 +145,15 @@ def test_query_that_sees_no_key_gives_zeros(rng, algorithm, dtype):
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("where, bad", [("q", np.nan), ("k", np.nan), ("v", np.nan), ("q", np.inf),
+                                        ("k", -np.inf)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_nan_reaches_exactly_the_rows_it_touches(rng, algorithm, where, causal):
+def test_nan_reaches_exactly_the_rows_it_touches(rng, algorithm, where, bad, causal):
+    # an inf in q or k makes scores of ±inf, whose softmax is NaN in the oracle too (inf − inf)
     q, k, v = _inputs(rng, Case(70, 90, 16, Hq=4, Hkv=2, dtype="float32"))
     inputs = {"q": q, "k": k, "v": v}
     row = 45
-    inputs[where][0, 1, row, 3] = np.nan
+    inputs[where][0, 1, row, 3] = bad
     o = kernels.attention(q, k, v, causal=causal, algorithm=algorithm, block_q=16, block_k=16)
     ref = reference(q, k, v, causal=causal)
     assert np.array_equal(np.isnan(o), np.isnan(ref))
@@ -163,6 +165,9 @@ def test_nan_reaches_exactly_the_rows_it_touches(rng, algorithm, where, causal):
         # kv head 1 serves query heads 2 and 3; with the mask, query i sees key 45 when i + 90 - 70 >= 45
         expected = np.zeros_like(nan_rows)
         expected[0, 2:4, (row - 20 if causal else 0):] = True
+        if where == "k" and np.isinf(bad):
+            # the score is ±inf: +inf gives inf − inf = NaN, −inf just gives the key zero weight
+            expected[0, 2:4] &= q[0, 2:4, :, 3] * bad > 0
     assert np.array_equal(nan_rows, expected)
 
 
