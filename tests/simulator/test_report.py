@@ -65,3 +65,13 @@ def test_cli_help_and_bad_arguments():
     assert run.returncode == 0 and "--quick" in run.stdout and "--out" in run.stdout
     run = subprocess.run([sys.executable, "-m", "simulator", "reprot"], capture_output=True, text=True)
     assert run.returncode == 2 and "invalid choice" in run.stderr
+
+
+def test_console_script_runs_the_cli():
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "ioaware"
+    if not script.exists():
+        pytest.skip(f"the package is not installed into {Path(sys.executable).parent} (pip install -e . adds it)")
+    run = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "report" in run.stdout
