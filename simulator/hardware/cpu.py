@@ -1,0 +1,125 @@
+"""The ``cpu`` spec: this machine, calibrated at run time and cached in the user's cache directory.
+
+Cache sizes come from the OS; DRAM bandwidth from a STREAM-style triad (McCalpin 1995) run on all cores, counting
+the bytes a triad really moves; peak FLOP/s from a large sgemm; the cache bandwidth from the same triad on arrays
+that fit in one core's L2; the launch overhead from an empty parallel region.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+from numba import njit, prange
+
+from kernels._cpuinfo import cache_sizes
+
+from ..measure import time_call
+from .spec import HardwareSpec, from_toml
+
+CACHE_FILE = "cpu-spec.toml"
+TRIAD_DRAM_BYTES = 256 * 2**20  # per array: far above any last-level cache
+SGEMM_N = 2048
+
+
+def cache_dir() -> Path:
+    """``$IOAWARE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ioaware``, else ``~/.cache/ioaware``."""
+    if os.environ.get("IOAWARE_CACHE_DIR"):
+        return Path(os.environ["IOAWARE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ioaware"
+
+
+@njit(parallel=True, cache=True)
+def _triad(a, b, c, s):
+    for i in prange(a.size):
+        a[i] = b[i] + s * c[i]
+
+
+@njit(parallel=True, cache=True)
+def _empty_parallel(x):
+    for i in prange(x.size):
+        x[i] = i
+
+
+def triad_bandwidth(n_bytes: int, repeats: int = 5) -> float:
+    """Bytes/s of a[i] = b[i] + s·c[i] over float64 arrays of ``n_bytes`` each.
+
+    Bytes moved per element: read b and c (16 B), write a (8 B), and read a first (8 B): a store to a line that is
+    not in cache fetches it (write-allocate), as STREAM's documentation notes; 32 B, not STREAM's nominal 24 B.
+    """
+    n = max(1, n_bytes // 8)
+    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
+    timing = time_call(lambda: _triad(a, b, c, 3.0), repeats=repeats, warmup=2, settle_s=0.0)
+    return 4 * 8 * n / timing.min_s
+
+
+def sgemm_flops(n: int = SGEMM_N) -> float:
+    """FLOP/s of an n³ float32 matmul on NumPy's BLAS (2·n³ FLOPs)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    timing = time_call(lambda: a @ b, repeats=3, warmup=1, settle_s=0.0)
+    return 2 * n**3 / timing.min_s
+
+
+def launch_overhead() -> float:
+    """Seconds of an almost empty Numba parallel region (the CPU's analogue of a kernel launch)."""
+    x = np.empty(64)
+    return time_call(lambda: _empty_parallel(x), repeats=200, warmup=5, settle_s=0.0).median_s
+
+
+def _machine_id() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"
+
+
+def calibrate() -> HardwareSpec:
+    """Measure this machine now (a few seconds)."""
+    import psutil
+
+    caches = cache_sizes()
+    l2 = caches.get("L2", 2**20)
+    cores = os.cpu_count() or 1
+    fp32 = sgemm_flops()
+    cache_bw = triad_bandwidth(l2 // 4)  # three arrays that fit in L2 together, split over the cores
+    return HardwareSpec(
+        name=f"cpu ({_machine_id()})", kind="cpu",
+        hbm_bytes=float(psutil.virtual_memory().total),
+        hbm_bandwidth=triad_bandwidth(TRIAD_DRAM_BYTES),
+        l2_bytes=float(caches.get("L3", l2)),  # the last-level cache plays the GPU L2's part
+        sram_per_sm_bytes=float(l2),  # one core's L2 plays the SM's shared memory
+        sm_count=cores, clock_hz=0.0,
+        fp32_flops=fp32, fp16_flops=fp32, bf16_flops=fp32,  # half precision is computed in float32 on the CPU
+        int8_ops=fp32,  # until the int8 kernels are measured, int8 work is predicted at the sgemm rate
+        launch_overhead_s=launch_overhead(),
+        sram_bandwidth_measured=cache_bw,
+        measured_on=_dt.date.today().isoformat(),
+    )
+
+
+def cpu_spec(force: bool = False) -> HardwareSpec:
+    """This machine's spec: from the cache file when it is there and from this machine, else calibrated and saved.
+
+    ``force=True`` measures again.
+    """
+    path = cache_dir() / CACHE_FILE
+    if not force and path.is_file():
+        try:
+            spec = from_toml(path.read_text(), origin=str(path))
+        except ValueError:
+            spec = None
+        if spec is not None and spec.name == f"cpu ({_machine_id()})":
+            return spec
+    spec = calibrate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(spec.to_toml())
+    os.replace(tmp, path)
+    return spec

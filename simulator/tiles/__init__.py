@@ -1,0 +1,8 @@
+"""Tile simulator: each algorithm as a schedule of tile loads, on-chip compute and stores, on a machine whose SRAM
+refuses to overflow; it counts the bytes per tensor and computes the real output."""
+from .attention import SimResult, decode, flash1_forward, flash2_forward, standard_forward
+from .machine import Event, Machine, SramOverflowError
+from .matmul import Int8Weights, int8_split, quantize_weights
+
+__all__ = ["Event", "Int8Weights", "Machine", "SimResult", "SramOverflowError", "decode", "flash1_forward",
+           "flash2_forward", "int8_split", "quantize_weights", "standard_forward"]

@@ -1,0 +1,243 @@
+"""Attention schedules on the two-level ``Machine``: standard (S and P spilled to HBM), FlashAttention-1 and -2
+forward (causal too, bottom-right aligned), and decode against a full or pruned KV cache.
+
+Each returns a ``SimResult`` with the real output, so tests can hold it against the float64 oracle: the counted
+schedule is the algorithm. Query heads of a GQA group are packed into one tile, as in the cost model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .machine import Machine
+
+STAT_BYTES = 4  # float32 statistics, scores and accumulators (FlashAttention-2 §3.1)
+
+
+@dataclass
+class SimResult:
+    output: np.ndarray
+    lse: np.ndarray | None
+    machine: Machine
+
+
+def _shapes(q, k, v, Br, Bc):
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if Hq % Hkv or k.shape != v.shape or k.shape[-1] != d:
+        raise ValueError(f"incompatible shapes q {q.shape}, k {k.shape}, v {v.shape}")
+    return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv, min(Br, Nq), min(Bc, Nk)
+
+
+def _visible(r0, br, group, c0, c1, offset, causal):
+    """(rows, bc) mask of the keys c0..c1-1 each packed row may see (row r is query r0 + r % br)."""
+    rows_q = r0 + np.arange(group * br) % br
+    keys = np.arange(c0, c1)
+    if not causal:
+        return np.ones((group * br, c1 - c0), dtype=bool)
+    return keys[None, :] <= rows_q[:, None] + offset
+
+
+def _n_tiles(r0, br, nk, bc, offset, causal):
+    """Key tiles query block r0..r0+br-1 loads: all, or those not wholly above its last row's diagonal."""
+    kend = nk if not causal else min(nk, max(0, r0 + br + offset))
+    return math.ceil(kend / bc)
+
+
+def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
+    """FlashAttention-2 forward (Dao 2023, Algorithm 1): Q_i stays on chip, K_j and V_j stream past it."""
+    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc)
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    e, offset = elem_bytes, Nk - Nq
+    mach = Machine(sram_bytes)
+    mach.kernel("flash2_fwd")
+    o = np.zeros(q.shape)
+    lse = np.full(q.shape[:-1], -np.inf)
+    for b in range(B):
+        for hk in range(Hkv):
+            heads = slice(hk * group, (hk + 1) * group)
+            for r0 in range(0, Nq, Br):
+                br = min(Br, Nq - r0)
+                rows = group * br
+                q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i").reshape(rows, d)
+                mach.alloc("O_i", STAT_BYTES * rows * d)
+                mach.alloc("m_i, l_i", STAT_BYTES * 2 * rows)
+                mach.alloc("S_ij", STAT_BYTES * rows * Bc)
+                acc, m_i, l_i = np.zeros((rows, d)), np.full(rows, -np.inf), np.zeros(rows)
+                for j in range(_n_tiles(r0, br, Nk, Bc, offset, causal)):
+                    c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
+                    k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j")
+                    v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j")
+                    s = np.where(_visible(r0, br, group, c0, c1, offset, causal), scale * (q_i @ k_j.T), -np.inf)
+                    mach.compute("S = Q Kᵀ", 2 * rows * (c1 - c0) * d)
+                    # online softmax: m_new = max(m_i, rowmax S), rescale the state by exp(m_i − m_new)
+                    m_new = np.maximum(m_i, s.max(axis=1))
+                    seen = np.isfinite(m_new)
+                    p = np.where(seen[:, None], np.exp(s - np.where(seen, m_new, 0)[:, None]), 0.0)
+                    alpha = np.where(seen, np.exp(m_i - np.where(seen, m_new, 0)), 0.0)
+                    l_i = alpha * l_i + p.sum(axis=1)
+                    acc = alpha[:, None] * acc + p @ v_j
+                    mach.compute("O += P V", 2 * rows * (c1 - c0) * d)
+                    m_i = m_new
+                out = np.where(l_i[:, None] > 0, acc / np.where(l_i > 0, l_i, 1)[:, None], 0.0)
+                with np.errstate(divide="ignore"):
+                    row_lse = np.where(l_i > 0, m_i + np.log(np.where(l_i > 0, l_i, 1)), -np.inf)
+                mach.store("O", o[b, heads, r0:r0 + br], out.reshape(group, br, d), e)
+                mach.store("lse", lse[b, heads, r0:r0 + br], row_lse.reshape(group, br), STAT_BYTES)
+    return SimResult(o, lse, mach)
+
+
+def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
+    """FlashAttention-1 forward (Dao et al. 2022, Algorithm 1): K_j, V_j stay on chip while every query block
+    that sees them is loaded with its O_i, l_i, m_i from HBM, updated, and written back."""
+    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc)
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    e, offset = elem_bytes, Nk - Nq
+    mach = Machine(sram_bytes)
+    mach.kernel("flash1_fwd")
+    o, l_hbm, m_hbm = np.empty(q.shape), np.empty(q.shape[:-1]), np.empty(q.shape[:-1])
+    # line 2: initialize O = 0, l = 0, m = −inf in HBM
+    mach.store("O", o, 0.0, e)
+    mach.store("l", l_hbm, 0.0, STAT_BYTES)
+    mach.store("m", m_hbm, -np.inf, STAT_BYTES)
+    tiles_of_block = [_n_tiles(r0, min(Br, Nq - r0), Nk, Bc, offset, causal) for r0 in range(0, Nq, Br)]
+    for b in range(B):
+        for hk in range(Hkv):
+            heads = slice(hk * group, (hk + 1) * group)
+            for j in range(math.ceil(Nk / Bc)):
+                c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
+                k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j")
+                v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j")
+                mach.alloc("S_ij", STAT_BYTES * group * Br * Bc)
+                for i, r0 in enumerate(range(0, Nq, Br)):
+                    if j >= tiles_of_block[i]:
+                        continue  # the tile lies wholly above this block's diagonal
+                    br = min(Br, Nq - r0)
+                    rows = group * br
+                    q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i").reshape(rows, d)
+                    o_i = mach.load("O", o[b, heads, r0:r0 + br], e, slot="O_i").reshape(rows, d)
+                    l_i = mach.load("l", l_hbm[b, heads, r0:r0 + br], STAT_BYTES, slot="l_i").reshape(rows)
+                    m_i = mach.load("m", m_hbm[b, heads, r0:r0 + br], STAT_BYTES, slot="m_i").reshape(rows)
+                    s = np.where(_visible(r0, br, group, c0, c1, offset, causal), scale * (q_i @ k_j.T), -np.inf)
+                    mach.compute("S = Q Kᵀ", 2 * rows * (c1 - c0) * d)
+                    # lines 10-12: tile statistics, new running statistics, rescaled output
+                    m_tile = s.max(axis=1)
+                    has = np.isfinite(m_tile)
+                    p = np.where(has[:, None], np.exp(s - np.where(has, m_tile, 0)[:, None]), 0.0)
+                    l_tile = p.sum(axis=1)
+                    m_new = np.maximum(m_i, m_tile)
+                    seen = np.isfinite(m_new)
+                    safe = np.where(seen, m_new, 0)
+                    w_old = np.where(np.isfinite(m_i), np.exp(m_i - safe), 0.0)
+                    w_tile = np.where(has, np.exp(m_tile - safe), 0.0)
+                    l_new = w_old * l_i + w_tile * l_tile
+                    pv = p @ v_j
+                    mach.compute("P V", 2 * rows * (c1 - c0) * d)
+                    num = (l_i * w_old)[:, None] * o_i + w_tile[:, None] * pv
+                    o_new = np.where(l_new[:, None] > 0, num / np.where(l_new > 0, l_new, 1)[:, None], 0.0)
+                    mach.store("O", o[b, heads, r0:r0 + br], o_new.reshape(group, br, d), e)
+                    mach.store("l", l_hbm[b, heads, r0:r0 + br], l_new.reshape(group, br), STAT_BYTES)
+                    mach.store("m", m_hbm[b, heads, r0:r0 + br], m_new.reshape(group, br), STAT_BYTES)
+    with np.errstate(divide="ignore"):
+        lse = np.where(l_hbm > 0, m_hbm + np.log(np.where(l_hbm > 0, l_hbm, 1)), -np.inf)
+    return SimResult(o, lse, mach)
+
+
+def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None,
+                     separate_mask=False) -> SimResult:
+    """Standard attention: S = QKᵀ tile by tile to HBM; [a separate mask pass]; a softmax over S rows to P
+    (one read of a row when its float32 copy fits in SRAM, else an online max/sum pass and a normalizing pass);
+    O = P V tile by tile."""
+    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc)
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    e, offset = elem_bytes, Nk - Nq
+    mach = Machine(sram_bytes)
+    s_hbm = np.empty((B, Hq, Nq, Nk))
+    p_hbm = np.empty((B, Hq, Nq, Nk))
+    o = np.zeros(q.shape)
+
+    mach.kernel("qk")
+    for b in range(B):
+        for hk in range(Hkv):
+            heads = slice(hk * group, (hk + 1) * group)
+            for r0 in range(0, Nq, Br):
+                br = min(Br, Nq - r0)
+                q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i").reshape(group * br, d)
+                for c0 in range(0, Nk, Bc):
+                    c1 = min(c0 + Bc, Nk)
+                    k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j")
+                    mach.alloc("S_ij", e * group * br * (c1 - c0))
+                    s = scale * (q_i @ k_j.T)
+                    mach.compute("S = Q Kᵀ", 2 * group * br * (c1 - c0) * d)
+                    mach.store("S", s_hbm[b, heads, r0:r0 + br, c0:c1], s.reshape(group, br, c1 - c0), e)
+
+    visible_rows = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + offset if causal else None
+    if separate_mask and causal:
+        mach.kernel("mask")
+        for b in range(B):
+            for h in range(Hq):
+                for i in range(Nq):
+                    row = mach.load("S", s_hbm[b, h, i], e, slot="row")
+                    mach.store("S", s_hbm[b, h, i], np.where(visible_rows[i], row, -np.inf), e)
+
+    mach.kernel("softmax")
+    row_fits = STAT_BYTES * Nk <= sram_bytes
+    for b in range(B):
+        for h in range(Hq):
+            for i in range(Nq):
+                vis = visible_rows[i] if causal else np.ones(Nk, dtype=bool)
+                if row_fits:
+                    row = mach.load("S", s_hbm[b, h, i], e, slot="row")
+                    mach.alloc("row", STAT_BYTES * Nk)  # held as float32
+                    row = np.where(vis, row, -np.inf)
+                    m = row.max()
+                    p = np.exp(row - m) if np.isfinite(m) else np.zeros(Nk)
+                    l = p.sum()
+                    mach.store("P", p_hbm[b, h, i], p / l if l > 0 else p, e)
+                    continue
+                # two passes over chunks of Bc: running max and sum, then normalize and write P
+                m, l = -np.inf, 0.0
+                for c0 in range(0, Nk, Bc):
+                    c1 = min(c0 + Bc, Nk)
+                    chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk"), -np.inf)
+                    mach.alloc("chunk", STAT_BYTES * Bc)
+                    m_new = max(m, chunk.max())
+                    if np.isfinite(m_new):
+                        l = l * (math.exp(m - m_new) if np.isfinite(m) else 0.0) + np.exp(chunk - m_new).sum()
+                        m = m_new
+                for c0 in range(0, Nk, Bc):
+                    c1 = min(c0 + Bc, Nk)
+                    chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk"), -np.inf)
+                    mach.alloc("chunk", STAT_BYTES * Bc)
+                    p = np.exp(chunk - m) / l if l > 0 else np.zeros(c1 - c0)
+                    mach.store("P", p_hbm[b, h, i, c0:c1], p, e)
+
+    mach.kernel("pv")
+    for b in range(B):
+        for hk in range(Hkv):
+            heads = slice(hk * group, (hk + 1) * group)
+            for r0 in range(0, Nq, Br):
+                br = min(Br, Nq - r0)
+                mach.alloc("O_i", STAT_BYTES * group * br * d)
+                acc = np.zeros((group * br, d))
+                for c0 in range(0, Nk, Bc):
+                    c1 = min(c0 + Bc, Nk)
+                    p_ij = mach.load("P", p_hbm[b, heads, r0:r0 + br, c0:c1], e, slot="P_ij")
+                    v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j")
+                    acc += p_ij.reshape(group * br, c1 - c0) @ v_j
+                    mach.compute("O += P V", 2 * group * br * (c1 - c0) * d)
+                mach.store("O", o[b, heads, r0:r0 + br], acc.reshape(group, br, d), e)
+    return SimResult(o, None, mach)
+
+
+def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
+    """One decode step: q (B, Hq, 1, d) against the cache k, v (B, Hkv, N, d), or against the positions ``kept``
+    (B, Hkv, C) of a pruned cache, which lives compacted in HBM (pruning happened once, at prefill, uncounted)."""
+    if kept is not None:
+        kept = np.asarray(kept)
+        k = np.take_along_axis(k, kept[..., None], axis=2)
+        v = np.take_along_axis(v, kept[..., None], axis=2)
+    return flash2_forward(q, k, v, causal=True, Br=1, Bc=Bc, sram_bytes=sram_bytes, elem_bytes=elem_bytes,
+                          scale=scale)

@@ -1,0 +1,90 @@
+"""Hardware specs: sourced presets, user TOML files, validation, and this machine's calibration."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from simulator import hardware
+from simulator.hardware import spec as spec_module
+
+PRESETS = hardware.preset_names()
+
+
+def test_the_eight_presets_are_there():
+    assert set(PRESETS) == {"A100-40GB-SXM", "A100-80GB-SXM", "H100-SXM", "H200-SXM", "L4", "T4", "RTX-4090",
+                            "RTX-3090"}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_value_cites_its_source(name):
+    text = (spec_module.PRESET_DIR / f"{name}.toml").read_text()
+    for line in text.splitlines():
+        if "=" not in line or line.lstrip().startswith("#") or line.split("=")[0].strip() in ("name", "kind"):
+            continue
+        key, _, rest = line.partition("=")
+        value, hash_, source = rest.partition("#")
+        assert hash_ and re.search(r"[A-Za-z]{3}", source), f"{name}: {key.strip()} has no source comment"
+
+
+# FP16 tensor TFLOPS / DRAM TB/s, the ridge points of shared/hardware-facts.md
+RIDGE = {"A100-40GB-SXM": 201, "A100-80GB-SXM": 153, "H100-SXM": 295, "H200-SXM": 206, "L4": 403, "T4": 203,
+         "RTX-4090": 164, "RTX-3090": 76}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_with_si_units(name):
+    hw = hardware.load(name)
+    assert hw.kind == "gpu"
+    assert 1e11 < hw.hbm_bandwidth < 1e13  # 100 GB/s .. 10 TB/s
+    assert 32 * 2**10 <= hw.sram_per_sm_bytes <= 256 * 2**10
+    assert hw.ridge_point("fp16") == pytest.approx(RIDGE[name], abs=1)
+    assert hw.sram_bandwidth == 128 * hw.sm_count * hw.clock_hz
+
+
+def test_names_are_case_insensitive_and_unknown_names_list_the_known():
+    assert hardware.load("h100-sxm") == hardware.load("H100-SXM")
+    with pytest.raises(ValueError, match=r"unknown hardware 'A10'; known: A100-40GB-SXM, .*cpu"):
+        hardware.load("A10")
+
+
+def test_user_toml_round_trips(tmp_path):
+    hw = hardware.replace(hardware.load("L4"), name="my-L4", sram_per_sm_bytes=64 * 2**10)
+    path = tmp_path / "mine.toml"
+    path.write_text(hw.to_toml())
+    assert hardware.load(str(path)) == hw
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("hbm_gb_per_s = 300", "hbm_gb_per_s = -300"), "hbm_gb_per_s must be >= 0"),
+    (lambda t: "\n".join(line for line in t.splitlines() if not line.startswith("sm_count")),
+     "missing field.*sm_count"),
+    (lambda t: t + "\nwarp_size = 32\n", "unknown field.*warp_size"),
+    (lambda t: t.replace('kind = "gpu"', 'kind = "tpu"'), "kind must be 'gpu' or 'cpu'"),
+    (lambda t: t.replace("sm_count = 58", 'sm_count = "58"'), "sm_count must be a number"),
+    (lambda t: t.replace("hbm_gb_per_s = 300", "hbm_gb_per_s = 0"), "hbm_bandwidth must be > 0"),
+])
+def test_bad_specs_raise(edit, message):
+    text = (spec_module.PRESET_DIR / "L4.toml").read_text()
+    with pytest.raises(ValueError, match=message):
+        hardware.from_toml(edit(text))
+
+
+def test_cpu_calibration_is_plausible_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("IOAWARE_CACHE_DIR", str(tmp_path))
+    hw = hardware.cpu_spec()
+    assert hw.kind == "cpu" and hw.measured_on
+    assert 1e9 < hw.hbm_bandwidth < 2e12  # 1 GB/s .. 2 TB/s
+    assert 1e9 < hw.fp32_flops < 1e14
+    assert hw.sram_bandwidth > hw.hbm_bandwidth  # a core's cache is faster than DRAM
+    assert hw.sm_count >= 1 and hw.sram_per_sm_bytes > 0
+    assert (tmp_path / "cpu-spec.toml").exists()
+    # the second call reads the cache, and force measures again
+
+    def fail():
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(hardware.cpu, "calibrate", fail)
+    assert hardware.cpu_spec() == hw
+    with pytest.raises(AssertionError, match="measured again"):
+        hardware.cpu_spec(force=True)
