@@ -1,4 +1,4 @@
-"""Command line: ``python -m simulator`` or ``ioaware``."""
+"""Command line: ``python -m simulator`` or ``ioaware``: ``report``, ``costs`` and ``hardware``."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +7,33 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+DEFAULT_HARDWARE = "H100-SXM"
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def _hardware(name):
+    """argparse type: a preset name, 'cpu', or a TOML path; unknown names list the known ones."""
+    from .hardware import load
+
+    try:
+        return load(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
 
 def _report(args) -> int:
-    from .report import SECTIONS, build_report, default_out_dir
+    from .hardware import cpu_spec
+    from .report import build_report, default_out_dir
 
     out = Path(args.out) if args.out else default_out_dir()
     if out.exists():
@@ -20,23 +44,133 @@ def _report(args) -> int:
             bar.set_postfix_str(description)
             bar.update(1)
 
-        path = build_report(out, quick=args.quick, seed=args.seed, progress=progress, sections=SECTIONS)
-    print(f"report written to {path / 'index.md'}")
+        progress("calibrating this machine" if args.recalibrate else "this machine's spec")
+        cpu = cpu_spec(force=args.recalibrate)
+        path = build_report(out, quick=args.quick, seed=args.seed, hardware=args.hardware, cpu=cpu,
+                            progress=progress)
+    print(f"report written to {path / 'index.md'} and {path / 'index.html'}")
+    return 0
+
+
+def _format_table(header, rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(x).rjust(w) for x, w in zip(header, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(x).rjust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def _mb(x):
+    return f"{float(x) / 1e6:.2f}"
+
+
+def _cost_table(named_costs, hw):
+    """Per-tensor MB read+written, totals, FLOPs, SRAM and predicted time, one column per algorithm."""
+    names = list(named_costs)
+    tensors = list(dict.fromkeys(t for c in named_costs.values() for t in list(c.reads) + list(c.writes)))
+    rows = []
+    for tensor in tensors:
+        rows.append([f"{tensor} MB (read+write)"] + [
+            _mb(int(c.reads.get(tensor, 0)) + int(c.writes.get(tensor, 0))) for c in named_costs.values()])
+    timings = {name: c.time(hw) for name, c in named_costs.items()}
+    rows += [["HBM read MB"] + [_mb(c.hbm_read_bytes) for c in named_costs.values()],
+             ["HBM write MB"] + [_mb(c.hbm_write_bytes) for c in named_costs.values()],
+             ["GFLOP executed"] + [f"{float(c.flops) / 1e9:.2f}" for c in named_costs.values()],
+             ["SRAM peak KiB"] + [f"{float(c.sram_peak_bytes) / 1024:.1f}" for c in named_costs.values()],
+             ["kernels"] + [str(len(c.kernels)) for c in named_costs.values()],
+             ["predicted us"] + [f"{float(timings[n].seconds) * 1e6:.1f}" for n in names],
+             ["bound"] + ["+".join(sorted({str(k.bound) for k in timings[n].kernels})) for n in names]]
+    return _format_table(["", *names], rows)
+
+
+def _costs(args) -> int:
+    from . import costs
+
+    hw = args.hardware
+    e = DTYPE_BYTES[args.dtype]
+    if args.what == "attention":
+        kv_heads = args.kv_heads or args.heads
+        if args.heads % kv_heads:
+            print(f"error: --heads {args.heads} is not a multiple of --kv-heads {kv_heads}", file=sys.stderr)
+            return 2
+        shape = (args.batch, args.heads, kv_heads, args.n, args.n, args.d)
+        kw = dict(causal=args.causal, elem_bytes=e, sram_bytes=hw.sram_per_sm_bytes)
+        named = {"standard": costs.standard_forward(*shape, **kw), "flash1": costs.flash1_forward(*shape, **kw),
+                 "flash2": costs.flash2_forward(*shape, **kw)}
+        title = (f"attention forward, B={args.batch}, heads={args.heads}/{kv_heads}, N={args.n}, d={args.d}, "
+                 f"{args.dtype}{', causal' if args.causal else ''}, on {hw.name}")
+    else:
+        if args.outliers > args.k:
+            print(f"error: --outliers {args.outliers} exceeds the hidden size --k {args.k}", file=sys.stderr)
+            return 2
+        named = {"dense": costs.dense(args.m, args.k, args.n, elem_bytes=e),
+                 "int8_split": costs.int8_split(args.m, args.k, args.n, args.outliers, elem_bytes=e)}
+        title = f"matmul {args.m}×{args.k} · {args.k}×{args.n}, {args.outliers} outlier columns, on {hw.name}"
+    print(title)
+    print(_cost_table(named, hw))
+    return 0
+
+
+def _hardware_cmd(args) -> int:
+    from .hardware import cpu_spec, load, preset_names
+
+    specs = [load(name) for name in preset_names()] + [cpu_spec(force=args.recalibrate)]
+    header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",
+              "fp16 TFLOP/s", "int8 TOP/s", "launch us"]
+    rows = [[s.name, f"{s.hbm_bytes / 1e9:.0f}", f"{s.hbm_bandwidth / 1e9:.0f}", f"{s.l2_bytes / 2**20:.0f}",
+             f"{s.sram_per_sm_bytes / 1024:.0f}", s.sm_count, f"{s.fp32_flops / 1e12:.2f}",
+             f"{s.fp16_flops / 1e12:.2f}", f"{s.int8_ops / 1e12:.2f}", f"{s.launch_overhead_s * 1e6:.1f}"]
+            for s in specs]
+    print(_format_table(header, rows))
+    print(f"\n'cpu' was calibrated on {specs[-1].measured_on} (measured, cached; --recalibrate measures again).")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ioaware", description="IO-aware kernels beside the bytes they move: measurement and reports.")
+        prog="ioaware", description="IO-aware kernels beside the bytes they move: measurement, cost model, reports.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
     report = commands.add_parser(
-        "report", help="measure this machine and write a report (CSV, PNG charts, index.md)",
-        description="Measure standard vs flash attention on this CPU and write a report into a run directory.")
+        "report", help="measure this machine and write a report (CSV, PNG charts, index.md, index.html)",
+        description="Measure standard vs flash attention on this CPU, predict with the cost model, and write a "
+                    "report into a run directory.")
     report.add_argument("--quick", action="store_true", help="small sizes, under a minute on 2 cores")
     report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>-cpu)")
+    report.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
+                        help=f"hardware for the predicted sections (default {DEFAULT_HARDWARE})")
     report.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    report.add_argument("--recalibrate", action="store_true", help="measure this machine again, ignoring the cache")
     report.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     report.set_defaults(func=_report)
+
+    cost = commands.add_parser("costs", help="one configuration's cost table, algorithms side by side",
+                               description="Per-tensor HBM bytes, FLOPs, SRAM and predicted time of each algorithm.")
+    what = cost.add_subparsers(dest="what", required=True, metavar="WHAT")
+    attn = what.add_parser("attention", help="standard vs FlashAttention-1 vs -2 forward",
+                           description="Attention forward: standard vs FlashAttention-1 vs FlashAttention-2.")
+    attn.add_argument("--n", type=_positive, required=True, help="sequence length")
+    attn.add_argument("--d", type=_positive, default=64, help="head dim (default 64)")
+    attn.add_argument("--heads", type=_positive, default=16, help="query heads (default 16)")
+    attn.add_argument("--kv-heads", type=_positive, help="key/value heads (GQA; default: --heads)")
+    attn.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
+    attn.add_argument("--causal", action="store_true", help="causal mask")
+    mm = what.add_parser("matmul", help="dense vs LLM.int8() split matmul",
+                         description="Y = X·W: dense vs the LLM.int8() split matmul.")
+    mm.add_argument("--m", type=_positive, default=1, help="rows of X (tokens; default 1)")
+    mm.add_argument("--k", type=_positive, default=4096, help="hidden size (default 4096)")
+    mm.add_argument("--n", type=_positive, default=4096, help="output features (default 4096)")
+    mm.add_argument("--outliers", type=int, default=0, help="outlier columns (default 0)")
+    for sub in (attn, mm):
+        sub.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="fp16", help="precision (default fp16)")
+        sub.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
+                         help=f"preset, 'cpu' or a TOML file (default {DEFAULT_HARDWARE})")
+        sub.set_defaults(func=_costs)
+
+    hw = commands.add_parser("hardware", help="list the presets and this machine's calibrated spec",
+                             description="The hardware presets and this machine's calibrated spec.")
+    hw.add_argument("--recalibrate", action="store_true", help="measure this machine again")
+    hw.set_defaults(func=_hardware_cmd)
     return parser
 
 

@@ -13,18 +13,39 @@ from .ledger import Cost, kernel
 from .tiling import STAT_BYTES, causal_tile_sums, cdiv, flash_sram_bytes, flash_tiles, visible_pairs
 
 
-def _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc):
+def _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc, keep="cols"):
     B, Hq, Hkv, Nq, Nk, d, e = (np.asarray(x, dtype=np.int64) for x in (B, Hq, Hkv, Nq, Nk, d, elem_bytes))
     group = Hq // Hkv
     if Br is None or Bc is None:
         if sram_bytes is None:
             raise ValueError("give sram_bytes (the SRAM per SM of a HardwareSpec) or both Br and Bc")
-        br_rule, bc_rule = flash_tiles(d, e, sram_bytes, group)
+        br_rule, bc_rule = flash_tiles(d, e, sram_bytes, group, keep=keep)
         Br = br_rule if Br is None else Br
         Bc = bc_rule if Bc is None else Bc
     Br = np.minimum(np.asarray(Br, dtype=np.int64), Nq)
     Bc = np.minimum(np.asarray(Bc, dtype=np.int64), Nk)
     return B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc
+
+
+def standard_sram_bytes(br, bc, d, elem_bytes, group=1):
+    """Larger of the two matmul kernels' working sets: Q_i, K_j, S_ij tiles (qk); P_ij, V_j and the float32 O_i
+    accumulator (pv)."""
+    rows = np.asarray(group) * br
+    qk = elem_bytes * (rows * d + bc * d + rows * bc)
+    pv = elem_bytes * (rows * bc + bc * d) + STAT_BYTES * rows * d
+    return np.maximum(qk, pv)
+
+
+def gemm_square_tiles(d, elem_bytes, sram_bytes, group=1):
+    """(Br, Bc) of the standard matmuls: T × T tiles (T·1/group query rows per head of a packed GQA group) for
+    the largest power of two T (up to 1024) whose working sets fit in SRAM."""
+    d, elem_bytes, sram_bytes, group = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in
+                                                              (d, elem_bytes, sram_bytes, group)))
+    tile = np.ones_like(d)
+    for t in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        rows = np.maximum(1, t // group)
+        tile = np.where(standard_sram_bytes(rows, t, d, elem_bytes, group) <= sram_bytes, t, tile)
+    return np.maximum(1, tile // group)[()], tile[()]
 
 
 def _useful(B, Hq, Nq, Nk, d, causal, per_pair_flops=4):
@@ -36,18 +57,25 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
                      separate_mask=False, dropout=False) -> Cost:
     """Standard attention (FlashAttention, Algorithm 0): S = QKᵀ written, softmax reads S and writes P, PV reads P.
 
-    The two matmuls are tiled like the flash kernels (a query block of Br rows stays on chip while the K or V
-    tiles stream past, so K and V are read once per query block, Tr times). The mask and dropout can be separate
+    The two matmuls are tiled GEMMs: a query block of Br rows stays on chip while the K or V tiles stream past,
+    so K and V are read once per query block (Tr times). Their default tiles are square, Br = Bc = the largest
+    power of two whose tiles fit in SRAM (a GEMM is not bound by FlashAttention's Br <= d rule). The mask and dropout can be separate
     elementwise passes, as unfused frameworks run them (each reads and writes S or P once). The softmax reads S
     once when a row of float32 scores fits in SRAM, else twice (an online max/sum pass, then the normalizing
     pass). Causal masking saves nothing here: the full S is computed.
     """
+    if Br is None or Bc is None:
+        if sram_bytes is None:
+            raise ValueError("give sram_bytes (the SRAM per SM of a HardwareSpec) or both Br and Bc")
+        br_gemm, bc_gemm = gemm_square_tiles(d, elem_bytes, sram_bytes, np.asarray(Hq) // np.asarray(Hkv))
+        Br = br_gemm if Br is None else Br
+        Bc = bc_gemm if Bc is None else Bc
     B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc = _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc)
     tr = cdiv(Nq, Br)
     s_bytes = B * Hq * Nq * Nk * e
     kernels = [
         kernel("qk", reads={"Q": B * Hq * Nq * d * e, "K": B * Hkv * tr * Nk * d * e}, writes={"S": s_bytes},
-               flops=2 * B * Hq * Nq * Nk * d, sram_peak_bytes=e * (group * Br * d + Bc * d + group * Br * Bc)),
+               flops=2 * B * Hq * Nq * Nk * d, sram_peak_bytes=standard_sram_bytes(Br, Bc, d, e, group)),
     ]
     if separate_mask and np.any(causal):
         kernels.append(kernel("mask", reads={"S": np.where(causal, s_bytes, 0)},
@@ -60,7 +88,7 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
                               sram_peak_bytes=e * Nk))
     kernels.append(kernel("pv", reads={"P": s_bytes, "V": B * Hkv * tr * Nk * d * e},
                           writes={"O": B * Hq * Nq * d * e}, flops=2 * B * Hq * Nq * Nk * d,
-                          sram_peak_bytes=e * (group * Br * Bc + Bc * d) + STAT_BYTES * group * Br * d))
+                          sram_peak_bytes=standard_sram_bytes(Br, Bc, d, e, group)))
     return Cost("standard", tuple(kernels), _useful(B, Hq, Nq, Nk, d, causal),
                 {"Br": Br, "Bc": Bc})
 
@@ -71,9 +99,10 @@ def flash2_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
 
     Q is read once and O and lse written once; K and V are read once per query block (Tr times, fewer with a
     causal mask, whose tiles above the diagonal are skipped). FlashAttention's Theorem 2 bound,
-    Θ(N²d²M⁻¹), is this re-read term: Tr = N/Br with Br ∝ M/d.
+    Θ(N²d²M⁻¹), is this re-read term: Tr = N/Br with Br ∝ M/d. Tiles that do not fit shrink Bc first.
     """
-    B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc = _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc)
+    B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc = _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc,
+                                                     keep="rows")
     tr, _, sum_keys, sum_rows_keys, _ = causal_tile_sums(Nq, Nk, Br, Bc, causal)
     k = kernel("flash2_fwd",
                reads={"Q": B * Hq * Nq * d * e, "K": B * Hkv * sum_keys * d * e, "V": B * Hkv * sum_keys * d * e},
@@ -131,7 +160,8 @@ def flash2_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_b
     float32 dQ_i accumulator read and written). A last kernel converts dQ to the input precision. Five matmuls
     per tile pair: S, dV, dP, dQ, dK (10·d FLOPs per pair element).
     """
-    B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc = _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc)
+    B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc = _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc,
+                                                     keep="rows")
     _, _, _, sum_rows_keys, sum_rows_t = causal_tile_sums(Nq, Nk, Br, Bc, causal)
     visits = B * Hq * sum_rows_t
     q_like = B * Hq * Nq * d * e

@@ -36,27 +36,33 @@ def floor_sum(n, m, a, b):
     return total
 
 
-def flash_tiles(d, elem_bytes, sram_bytes, group=1):
+def flash_tiles(d, elem_bytes, sram_bytes, group=1, keep="cols"):
     """Paper tile sizes for head dim d with an SRAM of ``sram_bytes``.
 
     FlashAttention (Dao et al. 2022), Algorithm 1 line 1, with M the SRAM size in elements: Bc = ceil(M / 4d),
     Br = min(ceil(M / 4d), d). Where the literature leaves it open: M counts elements of ``elem_bytes``; with GQA
     the Br rows are shared by the ``group`` query heads packed into one tile (Br // group rows each, at least 1);
-    and Br, then Bc, are halved until the working set of ``flash_sram_bytes`` fits, since the paper's rule alone
-    can exceed M (its 4d bound leaves no room for the S tile and the accumulator when Br = d is large).
+    and when the working set of ``flash_sram_bytes`` exceeds M (the paper's 4d bound leaves no room for the S tile
+    and the accumulator when Br = d is large), one side is halved until it fits: Br when ``keep="cols"`` (for
+    FlashAttention-1, whose Q and O re-reads fall with Bc), Bc when ``keep="rows"`` (for FlashAttention-2, whose K
+    and V re-reads fall with Br).
     """
     d, elem_bytes, sram_bytes, group = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in
                                                               (d, elem_bytes, sram_bytes, group)))
     m_elems = sram_bytes // elem_bytes
     bc = np.maximum(1, cdiv(m_elems, 4 * d))
     br = np.maximum(1, np.minimum(bc, d) // group)
+    if keep not in ("cols", "rows"):
+        raise ValueError(f"keep must be 'cols' or 'rows'; got {keep!r}")
     for _ in range(64):
         over = flash_sram_bytes(br, bc, d, elem_bytes, group) > sram_bytes
         if not np.any(over):
             break
-        shrink_br = over & (br > 1)
-        br = np.where(shrink_br, np.maximum(1, br // 2), br)
-        bc = np.where(over & ~shrink_br, np.maximum(1, bc // 2), bc)
+        first, second = (br, bc) if keep == "cols" else (bc, br)
+        shrink_first = over & (first > 1)
+        first = np.where(shrink_first, np.maximum(1, first // 2), first)
+        second = np.where(over & ~shrink_first, np.maximum(1, second // 2), second)
+        br, bc = (first, second) if keep == "cols" else (second, first)
     return br[()], bc[()]
 
 

@@ -128,3 +128,19 @@ def test_roofline_time_names_the_bound():
     assert tiled.reads["X"] == 64 * gemm.reads["X"] and tiled.reads["W"] == 64 * gemm.reads["W"]
     gemv = costs.dense(1, 4096, 4096).time(hw)
     assert gemv.kernels[0].bound == "memory"
+
+
+def test_a_hand_computed_case():
+    # A100 (164 KiB SRAM), fp16, 16 heads, N = 1024, d = 64. Standard: the largest square GEMM tile that fits is
+    # 128 (256 needs 2·(256·64 + 256·64 + 256²) = 196,608 B), so K and V are read 1024/128 = 8 times.
+    c = costs.standard_forward(1, 16, 16, 1024, 1024, 64, sram_bytes=164 * 1024)
+    nn = 16 * 1024 * 1024 * 2  # one S or P, bytes
+    qo = 16 * 1024 * 64 * 2
+    assert dict(c.writes) == {"S": nn, "P": nn, "O": qo}
+    assert dict(c.reads) == {"Q": qo, "K": 8 * qo, "S": nn, "P": nn, "V": 8 * qo}
+    assert c.hbm_bytes == 171_966_464
+    # FlashAttention-1 by the rule: Bc = ceil(83968 / 256) = 328, Br = min(328, 64) = 64, halved to 32 to fit;
+    # Q and O move once per K/V tile (ceil(1024 / 328) = 4 tiles)
+    f1 = costs.flash1_forward(1, 16, 16, 1024, 1024, 64, sram_bytes=164 * 1024)
+    assert (int(f1.params["Br"]), int(f1.params["Bc"])) == (32, 328)
+    assert f1.reads["Q"] == 4 * qo and f1.reads["K"] == qo

@@ -1,14 +1,20 @@
-"""The report: files written CSV-first, charts from the CSV, atomic run directories, and the CLI."""
+"""The report: files written CSV-first, charts from the CSV, Markdown and HTML pages, atomic run directories,
+a golden CSV for the deterministic part, and the CLI."""
 from __future__ import annotations
 
+import re
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from simulator import report
+from simulator import hardware, report
 from simulator.cli import main
 from simulator.report import RunContext, Section, build_report, read_csv
+
+GOLDEN = Path(__file__).with_name("golden") / "across_hardware.csv"
 
 
 @pytest.fixture
@@ -16,24 +22,58 @@ def tiny_sizes(monkeypatch):
     monkeypatch.setitem(report.ATTN_SIZES, True, (64, 512))
 
 
-def test_quick_report_writes_csv_chart_and_page(tmp_path, tiny_sizes):
+@pytest.fixture(scope="module")
+def cpu_spec(tmp_path_factory):
+    import os
+
+    os.environ.setdefault("IOAWARE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    return hardware.cpu_spec()
+
+
+def _png_size(path: Path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec):
     steps = []
-    out = build_report(tmp_path / "run", quick=True, progress=steps.append)
-    assert sorted(p.name for p in out.iterdir()) == ["attention_cpu.csv", "attention_cpu.png", "index.md",
-                                                      "machine.csv"]
+    out = build_report(tmp_path / "run", quick=True, hardware=hardware.load("H100-SXM"), cpu=cpu_spec,
+                       progress=steps.append)
+    names = {p.name for p in out.iterdir()}
+    assert {"index.md", "index.html", "machine.csv", "attention_cpu.csv", "attention_cpu.png",
+            "bytes_by_tensor.csv", "bytes_by_tensor.png", "sram_sweep.csv", "sram_sweep.png", "roofline.csv",
+            "roofline.png", "across_hardware.csv", "across_hardware.png"} <= names
+    # every file the HTML references exists, and every PNG is a real, non-empty image
+    page = (out / "index.html").read_text()
+    referenced = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert len(referenced) >= 10
+    for ref in referenced:
+        assert (out / ref).is_file(), f"index.html references missing {ref}"
+    for png in out.glob("*.png"):
+        width, height = _png_size(png)
+        assert width >= 300 and height >= 200 and png.stat().st_size > 10_000
     rows = read_csv(out / "attention_cpu.csv")
     assert {(r["algorithm"], r["causal"], r["n"]) for r in rows} == {
         (a, c, n) for a in ("standard", "flash") for c in ("False", "True") for n in ("64", "512")}
     for r in rows:
-        assert float(r["median_s"]) > 0 and float(r["gflops_per_s"]) > 0
+        assert float(r["median_s"]) > 0 and float(r["predicted_s"]) > 0
     # S and P are 2·H·N² float32: the standard algorithm's peak must show them, flash's must not
     big = {r["algorithm"]: int(r["peak_traced_bytes"]) for r in rows if r["n"] == "512" and r["causal"] == "False"}
     assert big["standard"] >= 2 * 8 * 512 * 512 * 4
     assert big["flash"] < big["standard"] / 4
-    assert (out / "attention_cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    page = (out / "index.md").read_text()
-    assert "## Attention on this CPU" in page and "](attention_cpu.png)" in page
-    assert len(steps) == len(rows)
+    md = (out / "index.md").read_text()
+    for heading in ("## This machine", "## Attention on this CPU", "## Bytes moved", "## SRAM size",
+                    "## Roofline of H100-SXM", "## Across hardware"):
+        assert heading in md
+    assert steps
+
+
+def test_across_hardware_matches_the_golden_csv(tmp_path):
+    ctx = RunContext(directory=tmp_path, quick=True)
+    report.across_hardware_section(ctx)
+    assert (tmp_path / "across_hardware.csv").read_text() == GOLDEN.read_text()
 
 
 def test_existing_directory_is_not_overwritten(tmp_path):
@@ -52,24 +92,45 @@ def test_interrupted_report_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_report(tmp_path, tiny_sizes, capsys):
-    assert main(["report", "--quick", "--no-progress", "--out", str(tmp_path / "r")]) == 0
+def test_cli_report(tmp_path, tiny_sizes, cpu_spec, capsys):
+    assert main(["report", "--quick", "--no-progress", "--hardware", "T4", "--out", str(tmp_path / "r")]) == 0
     assert "report written to" in capsys.readouterr().out
-    assert (tmp_path / "r" / "index.md").exists()
+    assert "## Roofline of T4" in (tmp_path / "r" / "index.md").read_text()
     assert main(["report", "--quick", "--no-progress", "--out", str(tmp_path / "r")]) == 2
     assert "already exists" in capsys.readouterr().err
 
 
-def test_cli_help_and_bad_arguments():
-    run = subprocess.run([sys.executable, "-m", "simulator", "report", "--help"], capture_output=True, text=True)
-    assert run.returncode == 0 and "--quick" in run.stdout and "--out" in run.stdout
-    run = subprocess.run([sys.executable, "-m", "simulator", "reprot"], capture_output=True, text=True)
-    assert run.returncode == 2 and "invalid choice" in run.stderr
+def test_cli_costs_and_hardware(capsys, cpu_spec):
+    assert main(["costs", "attention", "--n", "4096", "--d", "64", "--heads", "16", "--hardware", "H100-SXM"]) == 0
+    out = capsys.readouterr().out
+    assert "standard" in out and "flash2" in out and "S MB" in out and "predicted us" in out
+    assert main(["costs", "matmul", "--m", "1", "--k", "512", "--n", "256", "--outliers", "4"]) == 0
+    assert "W_i8" in capsys.readouterr().out
+    assert main(["costs", "attention", "--n", "64", "--heads", "9", "--kv-heads", "2"]) == 2
+    assert "not a multiple" in capsys.readouterr().err
+    assert main(["hardware"]) == 0
+    assert "H200-SXM" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["costs", "attention", "--n", "4096", "--hardware", "A10"], "unknown hardware 'A10'; known: A100-40GB-SXM"),
+    (["costs", "attention", "--n", "0"], "must be >= 1"),
+    (["costs", "attention", "--n", "many"], "expected a whole number"),
+    (["reprot"], "invalid choice"),
+])
+def test_cli_bad_arguments(argv, message):
+    run = subprocess.run([sys.executable, "-m", "simulator", *argv], capture_output=True, text=True)
+    assert run.returncode == 2 and message in run.stderr
+
+
+@pytest.mark.parametrize("argv", [[], ["report"], ["costs"], ["costs", "attention"], ["costs", "matmul"],
+                                  ["hardware"]])
+def test_every_command_has_help(argv):
+    run = subprocess.run([sys.executable, "-m", "simulator", *argv, "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "usage:" in run.stdout
 
 
 def test_console_script_runs_the_cli():
-    from pathlib import Path
-
     script = Path(sys.executable).parent / "ioaware"
     if not script.exists():
         pytest.skip(f"the package is not installed into {Path(sys.executable).parent} (pip install -e . adds it)")
