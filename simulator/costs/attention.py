@@ -59,8 +59,9 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
 
     The two matmuls are tiled GEMMs: a query block of Br rows stays on chip while the K or V tiles stream past,
     so K and V are read once per query block (Tr times). Their default tiles are square, Br = Bc = the largest
-    power of two whose tiles fit in SRAM (a GEMM is not bound by FlashAttention's Br <= d rule). The mask and dropout can be separate
-    elementwise passes, as unfused frameworks run them (each reads and writes S or P once). The softmax reads S
+    power of two whose tiles fit in SRAM (a GEMM is not bound by FlashAttention's Br <= d rule). The mask and
+    dropout can be separate elementwise passes, as unfused frameworks run them (each reads and writes S or P
+    once). The softmax reads S
     once when a row of float32 scores fits in SRAM, else twice (an online max/sum pass, then the normalizing
     pass). Causal masking saves nothing here: the full S is computed.
     """

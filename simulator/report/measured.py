@@ -86,7 +86,7 @@ def attention_cpu_section(ctx: RunContext) -> Section:
             for algorithm in ("standard", "flash"):
                 ctx.step(f"attention {algorithm} N={n} causal={causal}")
 
-                def call():
+                def call(q=q, k=k, v=v, causal=causal, algorithm=algorithm):
                     return kernels.attention(q, k, v, causal=causal, algorithm=algorithm)
 
                 if not causal and algorithm == "standard":

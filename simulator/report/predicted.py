@@ -55,7 +55,8 @@ def bytes_by_tensor_section(ctx: RunContext) -> Section:
           and r["tensor"] in ("S", "P")]
     body = (f"Bytes each algorithm moves between HBM and the chip, for one layer's attention forward (batch 1, "
             f"{HEADS} heads, d = {D}; fp16 on {gpu}, float32 on the CPU), with the tile sizes of FlashAttention's "
-            f"rule for each machine's SRAM (the standard algorithm's matmuls with square GEMM tiles). At N = {n} on {gpu} the standard algorithm moves {_gb(std)}, "
+            f"rule for each machine's SRAM (the standard algorithm's matmuls with square GEMM tiles). At "
+            f"N = {n} on {gpu} the standard algorithm moves {_gb(std)}, "
             f"{100 * sum(sp) / std:.0f}% of it S and P; FlashAttention-1 moves {_gb(fa1)} (Q and O re-read once "
             f"per K/V tile) and FlashAttention-2 {_gb(fa2)} (K and V re-read once per query block), "
             f"{std / fa2:.1f}× less than standard.\n\n"
@@ -119,7 +120,7 @@ def sram_sweep_section(ctx: RunContext) -> Section:
     plot_sram_sweep(ctx.directory / "sram_sweep.csv", ctx.directory / "sram_sweep.png", hw.name, n)
     fa2 = {r["sram_kib"]: r for r in rows if r["sweep"] == "sram" and r["algorithm"] == "flash2"}
     fa1 = {r["sram_kib"]: r for r in rows if r["sweep"] == "sram" and r["algorithm"] == "flash1"}
-    std = next(r for r in rows if r["sweep"] == "sram" and r["algorithm"] == "standard")
+    std = {r["sram_kib"]: r for r in rows if r["sweep"] == "sram" and r["algorithm"] == "standard"}
     lo, hi = SRAM_KIB[0], SRAM_KIB[-1]
     body = (f"{hw.name}, N = {n}, {HEADS} heads, d = {D}. Left and middle: the SRAM per SM varies and the tiles "
             f"follow FlashAttention's rule (Bc = ⌈M/4d⌉, Br = min(Bc, d), halved until they fit). From {lo} to "
@@ -127,9 +128,9 @@ def sram_sweep_section(ctx: RunContext) -> Section:
             f"{_gb(fa1[hi]['hbm_bytes'])} (Q and O re-read N/Bc times) and FlashAttention-2's from "
             f"{_gb(fa2[lo]['hbm_bytes'])} to {_gb(fa2[hi]['hbm_bytes'])} (it stops improving once the rule's "
             f"Br reaches its cap, d = {D}: K and V are re-read N/Br times); the standard algorithm's bytes change "
-            f"only through its matmul tiles ({_gb(std['hbm_bytes'])} at {lo} KiB, "
-            f"{_gb(next(r for r in rows if r['sweep'] == 'sram' and r['algorithm'] == 'standard' and r['sram_kib'] == hi)['hbm_bytes'])} "
-            f"at {hi} KiB), since S and P do not depend on the SRAM. Right: FlashAttention-2 at this part's "
+            f"only through its matmul tiles ({_gb(std[lo]['hbm_bytes'])} at {lo} KiB, "
+            f"{_gb(std[hi]['hbm_bytes'])} at {hi} KiB), since S and P do not depend on the SRAM. Right: "
+            f"FlashAttention-2 at this part's "
             f"{round(hw.sram_per_sm_bytes / 1024)} KiB with Bc = {bc} and a growing query block Br (hollow "
             f"markers: the tiles no longer fit in SRAM): K and V are re-read N/Br times, so taller query blocks "
             f"move fewer bytes.\n\n![SRAM sweep](sram_sweep.png)\n\nData: [sram_sweep.csv](sram_sweep.csv)\n")
