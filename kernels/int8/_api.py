@@ -67,7 +67,7 @@ def quantize_vectorwise(x, axis=-1):
     rows = np.ascontiguousarray(moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]))  # (vectors, length)
     x_i8 = np.empty(rows.shape, dtype=np.int8)
     absmax = np.empty(rows.shape[0], dtype=np.float32)
-    _numba_cpu.quantize_rows(rows, np.arange(rows.shape[1]), x_i8, absmax)
+    _numba_cpu.quantize_rows(rows, np.zeros(rows.shape[1], dtype=np.bool_), x_i8, absmax)
     x_i8 = np.moveaxis(x_i8.reshape(moved.shape), -1, axis)
     return x_i8, absmax.reshape(moved.shape[:-1])
 
@@ -120,25 +120,24 @@ def int8_gemm(x_i8, w_i8_t):
 def _split_matmul(x, weight: Int8Weight, threshold):
     """The decomposition itself; returns (y float32 (M, N), outlier column indices)."""
     M, K = x.shape
+    flags = np.zeros(K, dtype=np.bool_)
     if threshold > 0:
-        flags = np.empty(K, dtype=np.bool_)
         _numba_cpu.outlier_flags(x, np.float32(threshold), flags)
-        outliers = np.flatnonzero(flags)
-    else:
-        outliers = np.zeros(0, dtype=np.int64)
-    regular = np.arange(K) if outliers.size == 0 else np.setdiff1d(np.arange(K), outliers)
-    # int8 part: row-wise absmax of x over the regular columns, column-wise of w, int32 product, dequantize
-    x_i8 = np.empty((M, regular.size), dtype=np.int8)
+    outliers = np.flatnonzero(flags)
+    # int8 part: row-wise absmax of x over the regular columns (outlier columns quantize to 0), column-wise
+    # absmax of w, exact int32 product, dequantize
+    x_i8 = np.empty((M, K), dtype=np.int8)
     absmax_x = np.empty(M, dtype=np.float32)
-    _numba_cpu.quantize_rows(x, regular, x_i8, absmax_x)
-    w_reg = weight.w_i8_t if outliers.size == 0 else weight.w_i8_t[:, regular]
-    c = int8_gemm(x_i8, w_reg)  # (M, N) int32
-    y = c * (absmax_x[:, None] * (weight.absmax[None, :] / np.float32(QMAX * QMAX)))  # float32
+    _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
+    c = int8_gemm(x_i8, weight.w_i8_t)  # (M, N) int32, exact
+    y = np.empty(c.shape, dtype=np.float32)
+    _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
     # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32
     if outliers.size:
-        x_out = x[:, outliers].astype(np.float16).astype(np.float32)
-        y += x_out @ weight.outlier_rows_fp16(outliers).astype(np.float32)
-    return y.astype(np.float32, copy=False), outliers
+        x_out = x[:, outliers].astype(np.float16).astype(np.float32)  # (M, J)
+        w_out = weight.outlier_rows_fp16(outliers).astype(np.float32)  # (J, N)
+        _numba_cpu.add_outlier_product(x_out, w_out, y)
+    return y, outliers
 
 
 def _as_weight(w, keep_fp16_weights=False):
