@@ -1,0 +1,238 @@
+"""KV-cache pruning from NumPy: SnapKV and its baselines (StreamingLLM, H2O, random), one call shape for all:
+``fn(q, k, v, *, capacity, ...) -> (k_c, v_c, kept)``."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .._blas import single_threaded_blas
+from . import _numba_cpu
+
+POOLINGS = ("max", "avg")
+GQA_MODES = ("mean", "per-query-head")
+FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def _check_inputs(q, k, v=None):
+    arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
+    for name, x in arrays:
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
+        if x.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, d); got shape {x.shape}")
+    if v is not None and k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {q.shape} and k {k.shape} must share the batch size and head dim")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads (GQA); "
+                         f"got Hq={q.shape[1]}, Hkv={k.shape[1]}")
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; known: {', '.join(repr(c) for c in choices)}")
+
+
+def _compute_dtype(x):
+    return np.float64 if x.dtype == np.float64 else np.float32
+
+
+def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean"):
+    """SnapKV importance of each prefix position (Li et al. 2024, §4.2, "voting" and "clustering").
+
+    Parameters
+    ----------
+    q_window : ndarray (B, Hq, w, d)
+        The last w queries of the prompt (the observation window).
+    k : ndarray (B, Hkv, N, d)
+        All N keys of the prompt (N > w).
+    kernel_size : odd int >= 1
+        Width of the 1-D pooling along positions (stride 1, padding kernel_size // 2).
+    pooling : {"max", "avg"}
+        "avg" counts the padding as zeros; "max" ignores it.
+    gqa : {"mean", "per-query-head"}
+        "mean" averages the scores of a kv head's query heads: (B, Hkv, N − w). "per-query-head": (B, Hq, N − w).
+
+    Returns
+    -------
+    scores : ndarray, float32 (float64 for float64 input), the pooled sum over the window queries of their
+        softmax probabilities (scaled by 1/sqrt(d), causal inside the window) for positions [0, N − w).
+    """
+    _check_inputs(q_window, k)
+    kernel_size = _check_int("kernel_size", kernel_size, 1)
+    if kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd (a centred window); got {kernel_size}")
+    _check_choice("pooling", pooling, POOLINGS)
+    _check_choice("gqa", gqa, GQA_MODES)
+    B, Hq, w, d = q_window.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    if w >= N:
+        raise ValueError(f"the window ({w} queries) must be shorter than the prompt (N = {N})")
+    dt = _compute_dtype(q_window)
+    qw = np.ascontiguousarray(q_window, dtype=dt)
+    kk = np.ascontiguousarray(k, dtype=dt)
+    summed = np.empty((B, Hq, N - w), dtype=dt)
+    with single_threaded_blas():
+        _numba_cpu.window_scores(qw, kk, 1.0 / math.sqrt(d), summed)
+    pooled = np.empty_like(summed)
+    _numba_cpu.pool(summed.reshape(B * Hq, N - w), kernel_size, pooling == "max", pooled.reshape(B * Hq, N - w))
+    if gqa == "mean":
+        pooled = pooled.reshape(B, Hkv, Hq // Hkv, N - w).mean(axis=2)
+    return pooled
+
+
+def top_positions(scores, n_keep):
+    """Positions of the n_keep largest scores along the last axis, ties to the lower position, sorted ascending.
+
+    O(N) per row: a partition finds the n_keep-th largest value; everything above it is kept, and of the values
+    equal to it the lowest positions fill what is left.
+    """
+    P = scores.shape[-1]
+    if n_keep <= 0:
+        return np.zeros(scores.shape[:-1] + (0,), dtype=np.int64)
+    if n_keep >= P:
+        return np.broadcast_to(np.arange(P), scores.shape).copy()
+    threshold = np.partition(scores, P - n_keep, axis=-1)[..., P - n_keep, None]  # the n_keep-th largest
+    above = scores > threshold
+    equal = scores == threshold
+    room = n_keep - above.sum(axis=-1, keepdims=True)
+    keep = above | (equal & (np.cumsum(equal, axis=-1) <= room))
+    return np.nonzero(keep)[-1].reshape(scores.shape[:-1] + (n_keep,))
+
+
+def _gather(k, v, kept, heads):
+    """K and V rows at ``kept`` (B, heads, C); kv heads are repeated first when ``heads`` is Hq."""
+    group = heads // k.shape[1]
+    if group > 1:
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    index = kept[..., None]
+    return np.take_along_axis(k, index, axis=2), np.take_along_axis(v, index, axis=2)
+
+
+def _unchanged(q, k, v, heads):
+    kept = np.broadcast_to(np.arange(k.shape[2]), (k.shape[0], heads, k.shape[2])).copy()
+    k_c, v_c = _gather(k, v, kept, heads) if heads != k.shape[1] else (k.copy(), v.copy())
+    return k_c, v_c, kept
+
+
+def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max", gqa="mean"):
+    """Compress a prompt's KV cache to ``capacity`` tokens per head with SnapKV (Li et al. 2024).
+
+    The last ``window`` queries vote (``snapkv_scores``); per head the top ``capacity − window`` prefix positions
+    are kept (ties to the lower position) plus the whole window. A prompt of N <= capacity comes back unchanged.
+
+    Parameters
+    ----------
+    q : (B, Hq, N, d); k, v : (B, Hkv, N, d), float, Hq a multiple of Hkv.
+    capacity : int > window
+    window, kernel_size, pooling, gqa
+        As for ``snapkv_scores``. The paper's numbers come from its reference code, which repeats the kv heads and
+        selects per query head (``gqa="per-query-head"``, a cache of Hq heads); ``"mean"`` (the default) keeps
+        Hkv heads, so the cache stays 1/group of that size.
+
+    Returns
+    -------
+    k_c, v_c : (B, H, min(N, capacity), d) with H = Hkv ("mean") or Hq ("per-query-head")
+    kept : int64 (B, H, min(N, capacity)), the original positions, ascending. The keys keep their rotary
+        positions (they were rotated before caching), so decoding continues at position N.
+
+    Raises
+    ------
+    ValueError, TypeError
+        capacity <= window, window < 1, an even or non-positive kernel_size, unknown pooling or gqa, bad shapes.
+    """
+    _check_inputs(q, k, v)
+    window = _check_int("window", window, 1)
+    capacity = _check_int("capacity", capacity, 1)
+    if capacity <= window:
+        raise ValueError(f"capacity must exceed window ({window}); got capacity={capacity}")
+    _check_choice("gqa", gqa, GQA_MODES)
+    heads = k.shape[1] if gqa == "mean" else q.shape[1]
+    N = k.shape[2]
+    if N <= capacity:
+        snapkv_scores(q[:, :, :0], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)  # validate the rest
+        return _unchanged(q, k, v, heads)
+    scores = snapkv_scores(q[:, :, N - window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
+    prefix = top_positions(scores, capacity - window)
+    tail = np.broadcast_to(np.arange(N - window, N), prefix.shape[:-1] + (window,))
+    kept = np.concatenate([prefix, tail], axis=-1)
+    k_c, v_c = _gather(k, v, kept, heads)
+    return k_c, v_c, kept
+
+
+def streaming_llm(q, k, v, *, capacity, n_sink=4):
+    """StreamingLLM (Xiao et al. 2024): the first ``n_sink`` tokens (attention sinks) plus the most recent."""
+    _check_inputs(q, k, v)
+    capacity = _check_int("capacity", capacity, 1)
+    n_sink = _check_int("n_sink", n_sink, 0)
+    if n_sink >= capacity:
+        raise ValueError(f"n_sink must be below capacity ({capacity}); got n_sink={n_sink}")
+    B, Hkv, N = k.shape[:3]
+    if N <= capacity:
+        return _unchanged(q, k, v, Hkv)
+    positions = np.concatenate([np.arange(n_sink), np.arange(N - (capacity - n_sink), N)])
+    kept = np.broadcast_to(positions, (B, Hkv, capacity)).copy()
+    k_c, v_c = _gather(k, v, kept, Hkv)
+    return k_c, v_c, kept
+
+
+def h2o_scores(q, k, *, block=256):
+    """Attention each key received, summed over all prompt queries (causal), averaged over a kv head's query
+    heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N)."""
+    B, Hq, N, d = q.shape
+    Hkv = k.shape[1]
+    group = Hq // Hkv
+    dt = _compute_dtype(q)
+    totals = np.zeros((B, Hq, N), dtype=np.float64)
+    for r0 in range(0, N, block):
+        r1 = min(r0 + block, N)
+        qb = q[:, :, r0:r1].astype(dt)  # (B, Hq, rows, d)
+        kh = np.repeat(k.astype(dt), group, axis=1)  # (B, Hq, N, d)
+        s = np.einsum("bhid,bhjd->bhij", qb, kh) / np.sqrt(d)  # (B, Hq, rows, N)
+        s = np.where(np.arange(N)[None, :] <= np.arange(r0, r1)[:, None], s, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        totals += (p / p.sum(axis=-1, keepdims=True)).sum(axis=2)
+    return totals.reshape(B, Hkv, group, N).mean(axis=2)
+
+
+def h2o(q, k, v, *, capacity):
+    """H2O (Zhang et al. 2023): half the budget for the heavy hitters (most accumulated attention from all prompt
+    queries), half for the most recent tokens."""
+    _check_inputs(q, k, v)
+    capacity = _check_int("capacity", capacity, 2)
+    B, Hkv, N = k.shape[:3]
+    if N <= capacity:
+        return _unchanged(q, k, v, Hkv)
+    n_recent = capacity // 2
+    scores = h2o_scores(q, k)[..., : N - n_recent]
+    heavy = top_positions(scores, capacity - n_recent)
+    kept = np.concatenate([heavy, np.broadcast_to(np.arange(N - n_recent, N), heavy.shape[:-1] + (n_recent,))],
+                          axis=-1)
+    k_c, v_c = _gather(k, v, kept, Hkv)
+    return k_c, v_c, kept
+
+
+def random(q, k, v, *, capacity, seed=0):
+    """``capacity`` positions drawn uniformly without replacement per (batch, kv head), from ``seed``."""
+    _check_inputs(q, k, v)
+    capacity = _check_int("capacity", capacity, 1)
+    B, Hkv, N = k.shape[:3]
+    if N <= capacity:
+        return _unchanged(q, k, v, Hkv)
+    rng = np.random.default_rng(seed)
+    kept = np.sort(np.argsort(rng.random((B, Hkv, N)), axis=-1)[..., :capacity], axis=-1)
+    k_c, v_c = _gather(k, v, kept, Hkv)
+    return k_c, v_c, kept

@@ -1,0 +1,67 @@
+"""SnapKV scoring on the CPU with Numba: window attention, the sum over window queries and the pooling, fused per
+(batch, head) in O(window · N) memory (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before
+Generation").
+
+v1 (this file): one task per (batch, query head): S = Q_w Kᵀ through BLAS, softmax row by row with the causal
+mask inside the window, probabilities of the prefix summed into the head's scores, then pooled.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, cache=True)
+def window_scores(q_window, k, scale, out):
+    """out[b, h, j] = Σ_i softmax_j(scale · q_i · k_j, causal)_j over the window queries i, for prefix j < N − w.
+
+    q_window (B, Hq, w, d) are the queries at positions N − w .. N − 1; k (B, Hkv, N, d); out (B, Hq, N − w).
+    """
+    B, Hq, w, d = q_window.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    prefix = N - w
+    for task in prange(B * Hq):
+        b = task // Hq
+        h = task % Hq
+        s = np.dot(q_window[b, h], k[b, h // group].T)  # (w, N)
+        out[b, h, :] = 0.0
+        for i in range(w):
+            n_vis = prefix + i + 1  # query at position N − w + i sees keys 0 .. N − w + i
+            m = -np.inf
+            for j in range(n_vis):
+                if s[i, j] > m:
+                    m = s[i, j]
+            total = 0.0
+            for j in range(n_vis):
+                e = math.exp((s[i, j] - m) * scale)
+                s[i, j] = e
+                total += e
+            inv = 1.0 / total
+            for j in range(prefix):
+                out[b, h, j] += s[i, j] * inv
+
+
+@njit(parallel=True, cache=True)
+def pool(x, kernel_size, use_max, out):
+    """Pooling along the last axis of x (R, P): stride 1, padding kernel_size // 2; zeros counted for avg, the
+    padding ignored for max (PyTorch's avg_pool1d / max_pool1d with that padding)."""
+    R, P = x.shape
+    pad = kernel_size // 2
+    for r in prange(R):
+        for j in range(P):
+            lo = max(0, j - pad)
+            hi = min(P, j + pad + 1)
+            if use_max:
+                best = -np.inf
+                for t in range(lo, hi):
+                    if x[r, t] > best:
+                        best = x[r, t]
+                out[r, j] = best
+            else:
+                acc = 0.0
+                for t in range(lo, hi):
+                    acc += x[r, t]
+                out[r, j] = acc / kernel_size
