@@ -1,0 +1,136 @@
+"""kernels.kvprune: SnapKV against its float64 oracle, the baselines, bad input, and decode over the pruned cache."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import kvprune
+from kernels.attn import reference
+from kernels.kvprune import (snapkv_compress, snapkv_kept_reference, snapkv_scores, snapkv_scores_reference,
+                             top_positions, top_positions_reference)
+
+
+def _prompt(rng, B=1, Hq=4, Hkv=2, N=200, d=16, dtype=np.float64):
+    q = rng.standard_normal((B, Hq, N, d)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, N, d)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, N, d)).astype(dtype)
+    return q, k, v
+
+
+GRID = [  # (Hq, Hkv, N, capacity, window, kernel_size)
+    (4, 4, 200, 60, 16, 7), (9, 3, 257, 100, 32, 5), (8, 1, 130, 50, 8, 1), (6, 2, 64, 63, 62, 3),
+    (2, 2, 40, 39, 38, 7),
+]
+
+
+@pytest.mark.parametrize("gqa", ["mean", "per-query-head"])
+@pytest.mark.parametrize("pooling", ["max", "avg"])
+@pytest.mark.parametrize("hq, hkv, n, capacity, window, kernel_size", GRID)
+def test_kept_sets_equal_the_oracle(rng, hq, hkv, n, capacity, window, kernel_size, pooling, gqa):
+    q, k, v = _prompt(rng, B=2, Hq=hq, Hkv=hkv, N=n)
+    k_c, v_c, kept = snapkv_compress(q, k, v, capacity=capacity, window=window, kernel_size=kernel_size,
+                                     pooling=pooling, gqa=gqa)
+    expected = snapkv_kept_reference(q, k, capacity=capacity, window=window, kernel_size=kernel_size,
+                                     pooling=pooling, gqa=gqa)
+    assert np.array_equal(kept, expected)
+    heads = hkv if gqa == "mean" else hq
+    assert k_c.shape == v_c.shape == (2, heads, capacity, 16)
+    assert np.all(np.diff(kept, axis=-1) > 0)  # sorted, distinct
+    assert np.array_equal(kept[..., -window:], np.broadcast_to(np.arange(n - window, n), kept[..., -window:].shape))
+    kv_heads = np.repeat(k, heads // hkv, axis=1)
+    assert np.array_equal(k_c, np.take_along_axis(kv_heads, kept[..., None], axis=2))
+
+
+@pytest.mark.parametrize("pooling", ["max", "avg"])
+def test_scores_equal_the_oracle_in_float32(rng, pooling):
+    q, k, _ = _prompt(rng, Hq=9, Hkv=3, N=333, d=64, dtype=np.float32)
+    got = snapkv_scores(q[:, :, -32:], k, pooling=pooling)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, snapkv_scores_reference(q[:, :, -32:], k, pooling=pooling), rtol=1e-5,
+                               atol=1e-7)
+
+
+def test_ties_go_to_the_lower_position(rng):
+    scores = rng.integers(0, 4, (5, 3, 50)).astype(np.float64)  # many ties
+    for n_keep in (0, 1, 7, 25, 49, 50):
+        assert np.array_equal(top_positions(scores, n_keep), top_positions_reference(scores, n_keep))
+
+
+def test_short_prompt_is_returned_unchanged(rng):
+    q, k, v = _prompt(rng, Hq=6, Hkv=2, N=40)
+    k_c, v_c, kept = snapkv_compress(q, k, v, capacity=40, window=8)
+    assert np.array_equal(k_c, k) and np.array_equal(v_c, v)
+    assert np.array_equal(kept, np.broadcast_to(np.arange(40), (1, 2, 40)))
+    k_c, _, kept = snapkv_compress(q, k, v, capacity=64, window=8, gqa="per-query-head")
+    assert k_c.shape == (1, 6, 40, 16) and kept.shape == (1, 6, 40)
+
+
+def test_decode_over_the_pruned_cache_is_attention_over_the_kept_positions(rng):
+    q, k, v = _prompt(rng, Hq=9, Hkv=3, N=300, d=32, dtype=np.float32)
+    k_c, v_c, kept = snapkv_compress(q, k, v, capacity=96, window=16)
+    q_new = rng.standard_normal((1, 9, 1, 32)).astype(np.float32)
+    out = kernels.attention(q_new, k_c, v_c, causal=True)
+    restricted = reference(q_new, np.take_along_axis(k, kept[..., None], axis=2),
+                           np.take_along_axis(v, kept[..., None], axis=2), causal=True)
+    np.testing.assert_allclose(out, restricted, atol=3e-6, rtol=1e-5)
+
+
+def test_baselines(rng):
+    q, k, v = _prompt(rng, Hq=4, Hkv=2, N=120)
+    _, _, kept = kvprune.streaming_llm(q, k, v, capacity=20, n_sink=4)
+    assert kept[0, 0].tolist() == [0, 1, 2, 3] + list(range(104, 120))
+    k_c, _, kept = kvprune.h2o(q, k, v, capacity=20)
+    scores = kvprune.h2o_scores(q, k)
+    assert kept[0, 0, -10:].tolist() == list(range(110, 120))
+    assert np.array_equal(kept[..., :10], top_positions_reference(scores[..., :110], 10))
+    _, _, a = kvprune.random(q, k, v, capacity=20, seed=3)
+    _, _, b = kvprune.random(q, k, v, capacity=20, seed=3)
+    assert np.array_equal(a, b) and np.all(np.diff(a, axis=-1) > 0) and a.shape == (1, 2, 20)
+
+
+def test_h2o_scores_equal_full_attention_column_sums(rng):
+    q, k, _ = _prompt(rng, Hq=2, Hkv=1, N=70)
+    p = np.stack([reference_probabilities(q[0, h], k[0, 0]) for h in range(2)])  # (2, N, N)
+    np.testing.assert_allclose(kvprune.h2o_scores(q, k)[0, 0], p.sum(axis=1).mean(axis=0), rtol=1e-12)
+
+
+def reference_probabilities(q, k):
+    s = q @ k.T / np.sqrt(q.shape[-1])
+    s = np.where(np.tril(np.ones_like(s, dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+
+BAD = [
+    ("capacity<=window", ValueError, "capacity must exceed window", {"capacity": 32, "window": 32}),
+    ("window-0", ValueError, "window must be >= 1", {"capacity": 10, "window": 0}),
+    ("kernel-even", ValueError, "kernel_size must be odd", {"capacity": 50, "kernel_size": 4}),
+    ("kernel-0", ValueError, "kernel_size must be >= 1", {"capacity": 50, "kernel_size": 0}),
+    ("pooling", ValueError, "unknown pooling 'sum'", {"capacity": 50, "pooling": "sum"}),
+    ("gqa", ValueError, "unknown gqa 'max'", {"capacity": 50, "gqa": "max"}),
+    ("capacity-float", TypeError, "capacity must be an int", {"capacity": 50.0}),
+]
+
+
+@pytest.mark.parametrize("n", [100, 40], ids=["long", "short"])
+@pytest.mark.parametrize("name, exc, pattern, kwargs", BAD, ids=[b[0] for b in BAD])
+def test_bad_arguments_are_named(rng, name, exc, pattern, kwargs, n):
+    # the same error whether or not the prompt would have been compressed
+    q, k, v = _prompt(rng, N=n)
+    kwargs = {"window": 16, **kwargs}
+    with pytest.raises(exc, match=pattern):
+        snapkv_compress(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda q, k, v: (q, k, v[..., :8]), "k and v must have the same shape"),
+    (lambda q, k, v: (q[:, :3], k, v), "multiple of the number of key/value heads"),
+    (lambda q, k, v: (q[0], k, v), "q must be 4-D"),
+    (lambda q, k, v: (q, k.astype(np.int16), v), "k must have a floating dtype"),
+])
+def test_bad_shapes_are_named(rng, make, pattern):
+    q, k, v = _prompt(rng)
+    for fn in (snapkv_compress, kvprune.streaming_llm, kvprune.h2o, kvprune.random):
+        with pytest.raises((ValueError, TypeError), match=pattern):
+            fn(*make(q, k, v), capacity=64)
