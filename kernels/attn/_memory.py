@@ -13,8 +13,15 @@ def available_bytes() -> int:
     return psutil.virtual_memory().available
 
 
+# Asking the OS costs ~50 us (psutil reads /proc/meminfo), as much as a whole decode step over a pruned cache:
+# allocations up to this size are not checked (no machine this library targets lacks 16 MiB).
+MIN_CHECKED_BYTES = 16 * 2**20
+
+
 def ensure_fits(predicted_bytes: int, what: str) -> None:
     """Raise ``InsufficientMemoryError`` naming ``what`` and both sizes if ``predicted_bytes`` will not fit."""
+    if predicted_bytes <= MIN_CHECKED_BYTES:
+        return
     available = available_bytes()
     if predicted_bytes > available:
         raise InsufficientMemoryError(

@@ -197,6 +197,7 @@ def test_decode_allocates_no_n_squared(rng):
 def test_standard_refuses_what_does_not_fit(rng, monkeypatch):
     q, k, v = _inputs(rng, Case(64, 64, 8, Hq=2, Hkv=2))
     predicted = 2 * 1 * 2 * 64 * 64 * 4 + 64 * 64  # S and P in float32 + the bool mask
+    monkeypatch.setattr(_memory, "MIN_CHECKED_BYTES", 0)  # check even this small allocation
     monkeypatch.setattr(_memory, "available_bytes", lambda: predicted - 1)
     with pytest.raises(kernels.InsufficientMemoryError, match=f"{predicted} bytes"):
         kernels.attention(q, k, v, causal=True, algorithm="standard")
