@@ -45,7 +45,8 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
     assert {"index.md", "index.html", "machine.csv", "attention_cpu.csv", "attention_cpu.png",
             "bytes_by_tensor.csv", "bytes_by_tensor.png", "sram_sweep.csv", "sram_sweep.png", "roofline.csv",
             "roofline.png", "across_hardware.csv", "across_hardware.png", "int8_weight_memory.csv",
-            "int8_weight_memory.png", "int8_error.csv", "int8_error.png", "int8_gemv.csv", "int8_gemv.png"} <= names
+            "int8_weight_memory.png", "int8_error.csv", "int8_error.png", "int8_gemv.csv", "int8_gemv.png",
+            "kv_cache_memory.csv", "kv_cache_memory.png", "kv_decode.csv", "kv_decode.png"} <= names
     # every file the HTML references exists, and every PNG is a real, non-empty image
     page = (out / "index.html").read_text()
     referenced = re.findall(r'(?:src|href)="([^"]+)"', page)
@@ -66,7 +67,7 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
     assert big["flash"] < big["standard"] / 4
     md = (out / "index.md").read_text()
     for heading in ("## This machine", "## Attention on this CPU", "## Bytes moved", "## SRAM size",
-                    "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()"):
+                    "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()", "## SnapKV"):
         assert heading in md
     assert steps
     errors = {float(r["threshold"]): float(r["mean_rel_error"]) for r in read_csv(out / "int8_error.csv")}
