@@ -1,2 +1,2 @@
-"""ioaware simulator: measurement on this machine and reports (hardware specs, the cost model and the tile
-simulator arrive with their issues)."""
+"""ioaware simulator: hardware specs (``hardware``), the analytic cost model (``costs``), the tile simulator
+(``tiles``), measurement on this machine (``measure``), the report (``report``) and the command line (``cli``)."""
