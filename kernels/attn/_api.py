@@ -51,12 +51,8 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     else:
         o_part = np.empty((1, 1, 1, 1, 1), dtype=q.dtype)  # unused by the kernel when n_splits == 1
         lse_part = np.empty((1, 1, 1, 1), dtype=q.dtype)
-    use_blas = Br * (Hq // Hkv) > _numba_cpu.SMALL_ROWS or Nk > _numba_cpu.LOOPS_MAX_KEYS
-    if use_blas:
-        with single_threaded_blas():
-            _numba_cpu.flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, True)
-    else:  # no BLAS call in the kernel: nothing to pin
-        _numba_cpu.flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, False)
+    with single_threaded_blas():
+        _numba_cpu.flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits)
     if n_splits > 1:
         _numba_cpu.combine_splits(o_part, lse_part, o, lse)
     return o, lse

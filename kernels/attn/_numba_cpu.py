@@ -143,36 +143,6 @@ def _all_finite(x):
     return True
 
 
-# Tiles of at most this many query rows (decode: one query per head of a GQA group) over a short cache are
-# multiplied in Numba loops instead of BLAS: without BLAS calls the launcher need not pin BLAS's threads, which
-# saves ~25 us per call (a pruned 1024-token cache decodes in ~100 us). Over long caches BLAS is faster (hot
-# 16k-token cache: 0.65 ms with BLAS, 0.98 ms with the loops), so the launcher passes use_blas.
-SMALL_ROWS = 8
-LOOPS_MAX_KEYS = 4096
-
-
-@njit(fastmath=FASTMATH)
-def _qk_small(q_i, k_j, s):
-    """s = q_i · k_jᵀ for a few rows: dot products along the contiguous head dim."""
-    for r in range(q_i.shape[0]):
-        for j in range(k_j.shape[0]):
-            acc = 0.0
-            for c in range(q_i.shape[1]):
-                acc += q_i[r, c] * k_j[j, c]
-            s[r, j] = acc
-
-
-@njit(fastmath=FASTMATH)
-def _pv_small(p, v_j, pv):
-    """pv = p · v_j for a few rows: rows of v_j scaled and added, along the contiguous head dim."""
-    pv[:] = 0.0
-    for r in range(p.shape[0]):
-        for j in range(v_j.shape[0]):
-            w = p[r, j]
-            for c in range(v_j.shape[1]):
-                pv[r, c] += w * v_j[j, c]
-
-
 @njit(inline="always", fastmath=FASTMATH)
 def _row_max(s, n, m):
     """max(m, s[0:n]); a NaN in s does not enter the max, it propagates through exp later."""
@@ -183,12 +153,11 @@ def _row_max(s, n, m):
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
-def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, use_blas):
+def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits):
     """FlashAttention-2 forward over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v.
 
     Writes o (B, Hq, Nq, d) and lse (B, Hq, Nq). With n_splits > 1 each task covers one share of the keys and
-    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them. ``use_blas`` picks BLAS
-    or Numba loops for the block matmuls (see SMALL_ROWS).
+    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -236,10 +205,7 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
             masked_v_nonfinite = on_diagonal and not _all_finite(v_j)
             s = s_buf[:rows * bc].reshape((rows, bc))
             p = p_buf[:rows * bc].reshape((rows, bc))
-            if use_blas:
-                np.dot(q_i, k_j.T, s)  # S_ij = Q_i K_jᵀ, (rows, bc), unscaled
-            else:
-                _qk_small(q_i, k_j, s)
+            np.dot(q_i, k_j.T, s)  # S_ij = Q_i K_jᵀ, (rows, bc), unscaled
             for r in range(rows):
                 n_vis = bc
                 if on_diagonal:
@@ -274,10 +240,7 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                         for c in range(d):
                             o_acc[r, c] += pij * v_j[jj, c]
             else:
-                if use_blas:
-                    np.dot(p, v_j, pv)  # (rows, d)
-                else:
-                    _pv_small(p, v_j, pv)
+                np.dot(p, v_j, pv)  # (rows, d)
                 for r in range(rows):
                     for c in range(d):
                         o_acc[r, c] = alpha[r] * o_acc[r, c] + pv[r, c]
