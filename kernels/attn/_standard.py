@@ -34,7 +34,7 @@ def standard_forward(q, k, v, scale, causal):
         # bottom-right alignment: query i sees keys j <= i + Nk - Nq
         visible = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)  # (Nq, Nk)
         np.copyto(s, -np.inf, where=~visible)
-    m = s.max(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (B, Hq, Nq, 1); -inf when there are no keys
     m = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)  # a row that sees no key: P = 0, not exp(-inf + inf)
     with np.errstate(invalid="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
         p = np.subtract(s, m)  # P is a second (B, Hq, Nq, Nk) array, as in the unfused algorithm

@@ -275,3 +275,12 @@ def test_scores_that_keep_beating_the_running_max(rng, algorithm, dtype, growth)
         # table's tolerance; judge by flash-attn's rule against attention done plainly in float32 instead
         plain_err = np.abs(plain_attention(q, k, v, True) - ref_o).max()
         assert np.abs(o - ref_o).max() <= 2 * plain_err + TOLERANCES[np.dtype(dtype)]["atol"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_empty_keys_or_queries(rng, algorithm):
+    q = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    no_keys = np.empty((1, 2, 0, 4), dtype=np.float32)
+    o, lse = kernels.attention(q, no_keys, no_keys, algorithm=algorithm, return_lse=True)
+    assert np.all(o == 0) and np.all(np.isneginf(lse))  # nothing to attend to: zeros, as a fully masked row
+    assert kernels.attention(q[:, :, :0], q, q, algorithm=algorithm).shape == (1, 2, 0, 4)
