@@ -46,6 +46,15 @@ def _check_choice(name, value, choices):
         raise ValueError(f"unknown {name} {value!r}; known: {', '.join(repr(c) for c in choices)}")
 
 
+def _check_scoring(kernel_size, pooling, gqa):
+    kernel_size = _check_int("kernel_size", kernel_size, 1)
+    if kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd (a centred window); got {kernel_size}")
+    _check_choice("pooling", pooling, POOLINGS)
+    _check_choice("gqa", gqa, GQA_MODES)
+    return kernel_size
+
+
 def _compute_dtype(x):
     return np.float64 if x.dtype == np.float64 else np.float32
 
@@ -72,11 +81,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean"):
         softmax probabilities (scaled by 1/sqrt(d), causal inside the window) for positions [0, N − w).
     """
     _check_inputs(q_window, k)
-    kernel_size = _check_int("kernel_size", kernel_size, 1)
-    if kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be odd (a centred window); got {kernel_size}")
-    _check_choice("pooling", pooling, POOLINGS)
-    _check_choice("gqa", gqa, GQA_MODES)
+    kernel_size = _check_scoring(kernel_size, pooling, gqa)
     B, Hq, w, d = q_window.shape
     Hkv, N = k.shape[1], k.shape[2]
     if w >= N:
@@ -159,11 +164,10 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     capacity = _check_int("capacity", capacity, 1)
     if capacity <= window:
         raise ValueError(f"capacity must exceed window ({window}); got capacity={capacity}")
-    _check_choice("gqa", gqa, GQA_MODES)
+    _check_scoring(kernel_size, pooling, gqa)
     heads = k.shape[1] if gqa == "mean" else q.shape[1]
     N = k.shape[2]
     if N <= capacity:
-        snapkv_scores(q[:, :, :0], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)  # validate the rest
         return _unchanged(q, k, v, heads)
     scores = snapkv_scores(q[:, :, N - window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
     prefix = top_positions(scores, capacity - window)
