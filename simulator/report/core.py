@@ -110,12 +110,18 @@ def markdown_to_html(markdown: str, title: str) -> str:
 def build_report(out_dir: Path, *, quick: bool = False, seed: int = 0, hardware=None, cpu=None, progress=None,
                  sections=None) -> Path:
     """Run every section into a temporary directory, write ``index.md`` and ``index.html``, then rename it to
-    ``out_dir``. Raises ``FileExistsError`` if ``out_dir`` exists (a report is never overwritten in place)."""
+    ``out_dir``. ``hardware`` defaults to the H100-SXM preset, ``cpu`` to this machine's (cached) calibration.
+    Raises ``FileExistsError`` if ``out_dir`` exists (a report is never overwritten in place)."""
     if sections is None:
         from . import SECTIONS as sections
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"output directory {out_dir} already exists; choose another --out")
+    if hardware is None or cpu is None:
+        from ..hardware import cpu_spec, load
+
+        hardware = load("H100-SXM") if hardware is None else hardware
+        cpu = cpu_spec() if cpu is None else cpu
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
