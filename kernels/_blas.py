@@ -28,6 +28,19 @@ def _numba_blas():
 
 @contextlib.contextmanager
 def single_threaded_blas():
-    """Limit Numba's BLAS to one thread inside the block (the Numba kernels call it from each of their threads)."""
-    with _numba_blas().limit(limits=1):
+    """Limit Numba's BLAS to one thread inside the block (the Numba kernels call it from each of their threads).
+
+    Through the library controllers' own get/set calls: 3.5 us per block, against 15 us for threadpoolctl's
+    general ``limit`` (which a 90 us decode step over a pruned cache notices).
+    """
+    libs = _numba_blas().lib_controllers
+    previous = [lib.get_num_threads() for lib in libs]
+    for lib, n in zip(libs, previous):
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
         yield
+    finally:
+        for lib, n in zip(libs, previous):
+            if n != 1:
+                lib.set_num_threads(n)
