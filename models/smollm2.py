@@ -87,6 +87,14 @@ def load_tokenizer(reader):
     return tok
 
 
+def evaluation_text() -> str:
+    """A fixed English text with no download: Python's own help topics (``pydoc_data.topics.topics``), in sorted
+    key order, joined by blank lines. Its first tokens are the evaluation set of ``perplexity``."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key].strip() for key in sorted(topics))
+
+
 def chat_prompt(question: str, system: str = DEFAULT_SYSTEM) -> str:
     """The GGUF's chat template for one user turn, with its default system prompt and the generation prompt."""
     return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
@@ -116,13 +124,13 @@ class _Dense:
         return x @ self.w_t
 
 
-def _linear(w, mode):
+def _linear(w, mode, keep_fp16_weights=False):
     if mode == "fp32":
         return _Dense(w)
     from kernels.int8 import Int8Linear, naive_absmax_matmul
 
     if mode == "int8":
-        return Int8Linear.from_float(np.ascontiguousarray(w.T))
+        return Int8Linear.from_float(np.ascontiguousarray(w.T), keep_fp16_weights=keep_fp16_weights)
     if mode == "naive-int8":
         w_t = np.ascontiguousarray(w.T)
         return lambda x: naive_absmax_matmul(x, w_t)
@@ -133,7 +141,10 @@ class SmolLM2:
     """SmolLM2-135M-Instruct: RMSNorm, rotary embeddings on interleaved pairs (base 100000), GQA attention through
     ``kernels.attention`` (9 query heads, 3 kv heads), SwiGLU MLP, LM head tied to the token embedding."""
 
-    def __init__(self, gguf_path=None, *, linear="fp32", attention="flash"):
+    def __init__(self, gguf_path=None, *, linear="fp32", attention="flash", keep_fp16_weights=False):
+        """``linear``: "fp32", "int8" (LLM.int8(), int8 weights only, as bitsandbytes stores them; with
+        ``keep_fp16_weights=True`` the paper's float16 outlier rows) or "naive-int8" (one absmax per tensor).
+        ``attention``: "flash" or "standard"."""
         import gguf
 
         self.config = get_config("smollm2-135m")
@@ -147,12 +158,13 @@ class SmolLM2:
         self.layers = []
         for i in range(self.config.n_layers):
             p = f"blk.{i}."
-            self.layers.append(Layer(
-                tensors[p + "attn_norm.weight"], _linear(tensors[p + "attn_q.weight"], linear),
-                _linear(tensors[p + "attn_k.weight"], linear), _linear(tensors[p + "attn_v.weight"], linear),
-                _linear(tensors[p + "attn_output.weight"], linear), tensors[p + "ffn_norm.weight"],
-                _linear(tensors[p + "ffn_gate.weight"], linear), _linear(tensors[p + "ffn_up.weight"], linear),
-                _linear(tensors[p + "ffn_down.weight"], linear)))
+
+            def lin(name):
+                return _linear(tensors[p + name + ".weight"], linear, keep_fp16_weights)
+
+            self.layers.append(Layer(tensors[p + "attn_norm.weight"], lin("attn_q"), lin("attn_k"), lin("attn_v"),
+                                     lin("attn_output"), tensors[p + "ffn_norm.weight"], lin("ffn_gate"),
+                                     lin("ffn_up"), lin("ffn_down")))
         d = self.config.head_dim
         # rotary frequencies (Su et al. 2021, RoFormer eq. 15): theta_i = base^(-2i/d), i < d/2
         self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
@@ -177,8 +189,9 @@ class SmolLM2:
         """An empty KV cache: per layer a list of K and V arrays (Hkv, n, d) that grows with each call."""
         return [[None, None] for _ in self.layers]
 
-    def forward(self, token_ids, cache, start):
-        """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``."""
+    def forward(self, token_ids, cache, start, *, logits=True):
+        """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``
+        (the final-normed hidden states (N, hidden) instead with ``logits=False``)."""
         cfg = self.config
         x = self.embedding[np.asarray(token_ids)]  # (N, hidden)
         n = x.shape[0]
@@ -197,7 +210,25 @@ class SmolLM2:
             h = self._rms_norm(x, layer.ffn_norm)
             gate = layer.w_gate(h)
             x = x + layer.w_down(gate / (1.0 + np.exp(-gate)) * layer.w_up(h))  # SwiGLU (Shazeer 2020)
-        return self._rms_norm(x, self.final_norm) @ self.embedding.T  # (N, vocab), LM head = token embedding
+        h = self._rms_norm(x, self.final_norm)
+        return h @ self.embedding.T if logits else h  # (N, vocab): the LM head is the token embedding
+
+    def negative_log_likelihood(self, token_ids, chunk=256):
+        """Σ −log p(token_t | tokens < t) over t = 1 .. N − 1, one prefill, the LM head applied in chunks."""
+        ids = np.asarray(token_ids)
+        hidden = self.forward(ids, self.new_cache(), 0, logits=False)  # (N, hidden)
+        total = 0.0
+        for r0 in range(0, ids.size - 1, chunk):
+            r1 = min(r0 + chunk, ids.size - 1)
+            z = (hidden[r0:r1] @ self.embedding.T).astype(np.float64)  # (rows, vocab)
+            m = z.max(axis=1)
+            lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
+            total += float((lse - z[np.arange(r1 - r0), ids[r0 + 1:r1 + 1]]).sum())
+        return total
+
+    def perplexity(self, token_ids):
+        """exp(mean negative log-likelihood of each token given the ones before it)."""
+        return float(np.exp(self.negative_log_likelihood(token_ids) / (len(token_ids) - 1)))
 
     # -- use -----------------------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
