@@ -87,6 +87,21 @@ def load_tokenizer(reader):
     return tok
 
 
+def cache_policy(name, **options):
+    """A KV-cache policy for ``SmolLM2.generate``: "full" (None), "snapkv", "streaming" (StreamingLLM) or "h2o",
+    with the options of the matching ``kernels.kvprune`` function (``capacity=...`` and so on)."""
+    import functools
+
+    from kernels import kvprune
+
+    policies = {"snapkv": kvprune.snapkv_compress, "streaming": kvprune.streaming_llm, "h2o": kvprune.h2o}
+    if name == "full":
+        return None
+    if name not in policies:
+        raise ValueError(f"unknown cache policy {name!r}; known: 'full', {', '.join(map(repr, policies))}")
+    return functools.partial(policies[name], **options)
+
+
 def evaluation_text() -> str:
     """A fixed English text with no download: Python's own help topics (``pydoc_data.topics.topics``), in sorted
     key order, joined by blank lines. Its first tokens are the evaluation set of ``perplexity``."""
@@ -189,9 +204,10 @@ class SmolLM2:
         """An empty KV cache: per layer a list of K and V arrays (Hkv, n, d) that grows with each call."""
         return [[None, None] for _ in self.layers]
 
-    def forward(self, token_ids, cache, start, *, logits=True):
+    def forward(self, token_ids, cache, start, *, logits=True, queries=None):
         """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``
-        (the final-normed hidden states (N, hidden) instead with ``logits=False``)."""
+        (the final-normed hidden states (N, hidden) instead with ``logits=False``). A list passed as ``queries``
+        receives each layer's rotated queries (Hq, N, d), which a cache policy such as SnapKV scores."""
         cfg = self.config
         x = self.embedding[np.asarray(token_ids)]  # (N, hidden)
         n = x.shape[0]
@@ -202,6 +218,8 @@ class SmolLM2:
             k = layer.wk(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hkv, N, d)
             v = layer.wv(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
             q, k = self._rope(q, positions), self._rope(k, positions)
+            if queries is not None:
+                queries.append(q)
             kv[0] = k if kv[0] is None else np.concatenate([kv[0], k], axis=1)
             kv[1] = v if kv[1] is None else np.concatenate([kv[1], v], axis=1)
             o = kernels.attention(np.ascontiguousarray(q), kv[0], kv[1], causal=True,
@@ -237,17 +255,29 @@ class SmolLM2:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def compress_cache(self, cache, queries, policy):
+        """Apply a KV-cache policy to every layer after the prefill: ``policy(q, k, v) -> (k_c, v_c, kept)`` on
+        (1, H, N, d) arrays, e.g. ``cache_policy("snapkv", capacity=256)``. Kept keys keep their rotary positions,
+        so decoding continues at the prompt's length."""
+        for kv, q in zip(cache, queries):
+            k_c, v_c, _ = policy(q[None], kv[0][None], kv[1][None])
+            kv[0], kv[1] = np.ascontiguousarray(k_c[0]), np.ascontiguousarray(v_c[0])
+
     def generate(self, prompt_ids, max_new_tokens=32, *, temperature=0.0, top_k=None, top_p=None, seed=0,
-                 timings=None):
+                 timings=None, policy=None):
         """Prefill the prompt, then decode one token at a time; greedy at temperature 0, else seeded sampling
-        with optional top-k and top-p (nucleus, Holtzman et al. 2020). Stops at <|im_end|>. If ``timings`` is a
-        dict, the prefill and decode seconds are stored in it."""
+        with optional top-k and top-p (nucleus, Holtzman et al. 2020). Stops at <|im_end|>. ``policy`` prunes
+        the KV cache after the prefill (``cache_policy``). If ``timings`` is a dict, the prefill and decode
+        seconds are stored in it."""
         import time
 
         rng = np.random.default_rng(seed)
         cache = self.new_cache()
         start = time.perf_counter()
-        logits = self.forward(prompt_ids, cache, 0)[-1]
+        queries = [] if policy is not None else None
+        logits = self.forward(prompt_ids, cache, 0, queries=queries)[-1]
+        if policy is not None:
+            self.compress_cache(cache, queries, policy)
         prefill_s = time.perf_counter() - start
         out = []
         for step in range(max_new_tokens):

@@ -90,3 +90,24 @@ def test_int8_perplexity_stays_close(model, gguf_path, evaluation_ids):
     assert paper <= 1.02 * fp32
     naive = SmolLM2(gguf_path, linear="naive-int8").perplexity(evaluation_ids)
     assert naive > 1.3 * paper
+
+
+@pytest.mark.parametrize("name, options", [("snapkv", {"capacity": 24, "window": 8}),
+                                           ("streaming", {"capacity": 24}), ("h2o", {"capacity": 24})])
+def test_pruned_caches(model, name, options):
+    from models.smollm2 import cache_policy
+
+    ids = model.encode(chat_prompt("What is the capital of France?"))  # 37 tokens
+    cache, queries = model.new_cache(), []
+    model.forward(ids, cache, 0, queries=queries)
+    model.compress_cache(cache, queries, cache_policy(name, **options))
+    assert all(kv[0].shape == (3, 24, 64) and kv[1].shape == (3, 24, 64) for kv in cache)
+    # the question sits in the last tokens, which every policy keeps: the answer survives 24 of 37 tokens
+    assert "Paris" in model.decode(model.generate(ids, 12, policy=cache_policy(name, **options)))
+
+
+def test_unknown_cache_policy_lists_the_known():
+    from models.smollm2 import cache_policy
+
+    with pytest.raises(ValueError, match="unknown cache policy 'lru'; known: 'full', 'snapkv'"):
+        cache_policy("lru", capacity=8)
