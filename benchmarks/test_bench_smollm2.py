@@ -1,0 +1,44 @@
+"""SmolLM2-135M on 2 cores: prefill of 1024 tokens, and decode tokens/s in fp32 and int8 beside the bound that
+the weight bytes read per token and the copy bandwidth (measured in the same run) set."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("gguf", reason="the model extra is not installed: pip install -e .[model]")
+
+from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
+
+
+def _weight_bytes_per_token(model, linear):
+    """Bytes of weights one decode step reads: every block's linear layers, and the tied LM head (fp32)."""
+    cfg = model.config
+    matrices = cfg.n_layers * sum(i * o for i, o in cfg.linear_shapes())
+    width = 4 if linear == "fp32" else 1
+    return matrices * width + model.embedding.nbytes
+
+
+@pytest.mark.parametrize("linear", ["fp32", "int8"])
+def test_decode_tokens_per_second(benchmark, machine_peaks, record, linear):
+    model = SmolLM2(linear=linear)
+    ids = model.encode(evaluation_text())[:1024]
+    start = time.perf_counter()
+    model.forward(ids, model.new_cache(), 0, logits=False)
+    prefill_s = time.perf_counter() - start
+    prompt = model.encode("Once upon a time")
+    model.generate(prompt, 4)  # warm
+
+    def decode_64():
+        timings = {}
+        out = model.generate(prompt, 64, timings=timings)
+        return len(out) / timings["decode_s"]
+
+    benchmark.pedantic(decode_64, rounds=3, warmup_rounds=0)
+    tokens_per_s = decode_64()
+    bytes_per_token = _weight_bytes_per_token(model, linear)
+    bound = machine_peaks["copy_gbps"] * 1e9 / bytes_per_token
+    record({"bench": "smollm2", "linear": linear, "prefill_1024_s": f"{prefill_s:.2f}",
+            "decode_tokens/s": f"{tokens_per_s:.1f}", "weight_MB/token": f"{bytes_per_token / 1e6:.0f}",
+            "bound_tokens/s": f"{bound:.1f}", "of_bound": f"{tokens_per_s / bound:.2f}",
+            "copy_GB/s": f"{machine_peaks['copy_gbps']:.1f}"})
