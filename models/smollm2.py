@@ -165,18 +165,24 @@ class SmolLM2:
     """SmolLM2-135M-Instruct: RMSNorm, rotary embeddings on interleaved pairs (base 100000), GQA attention through
     ``kernels.attention`` (9 query heads, 3 kv heads), SwiGLU MLP, LM head tied to the token embedding."""
 
-    def __init__(self, gguf_path=None, *, linear="fp32", attention="flash", keep_fp16_weights=False):
+    def __init__(self, gguf_path=None, *, linear="fp32", attention="flash", keep_fp16_weights=False,
+                 weights=None):
         """``linear``: "fp32", "int8" (LLM.int8(), int8 weights only, as bitsandbytes stores them; with
         ``keep_fp16_weights=True`` the paper's float16 outlier rows) or "naive-int8" (one absmax per tensor).
-        ``attention``: "flash" or "standard"."""
-        import gguf
-
-        self.config = get_config("smollm2-135m")
+        ``attention``: "flash" or "standard". ``weights``: instead of the GGUF, a ``(config, tensors)`` pair with
+        tensors named and shaped as in the GGUF (for tests with small random models; no tokenizer then)."""
         self.attention_algorithm = attention
-        reader = gguf.GGUFReader(str(fetch_gguf(gguf_path)))
-        self.tokenizer = load_tokenizer(reader)
-        self.eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
-        tensors = {t.name: gguf.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
+        if weights is not None:
+            self.config, tensors = weights
+            self.tokenizer, self.eps = None, 1e-5
+        else:
+            import gguf
+
+            self.config = get_config("smollm2-135m")
+            reader = gguf.GGUFReader(str(fetch_gguf(gguf_path)))
+            self.tokenizer = load_tokenizer(reader)
+            self.eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
+            tensors = {t.name: gguf.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
         self.embedding = tensors["token_embd.weight"]  # (vocab, hidden), also the LM head
         self.final_norm = tensors["output_norm.weight"]
         self.layers = []
@@ -192,7 +198,7 @@ class SmolLM2:
         d = self.config.head_dim
         # rotary frequencies (Su et al. 2021, RoFormer eq. 15): theta_i = base^(-2i/d), i < d/2
         self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
-        self.im_end = self.tokenizer.token_to_id("<|im_end|>")
+        self.im_end = self.tokenizer.token_to_id("<|im_end|>") if self.tokenizer is not None else -1
 
     # -- pieces ------------------------------------------------------------------------------------------------
     def _rms_norm(self, x, weight):
@@ -260,6 +266,31 @@ class SmolLM2:
             lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
             total += float((lse - z[np.arange(r1 - r0), ids[r0 + 1:r1 + 1]]).sum())
         return total
+
+    def outlier_statistics(self, token_ids, threshold=6.0):
+        """Per layer and per linear, how many hidden dimensions of the linear's input reach |x| >= threshold over
+        the tokens of one prefill (the emergent outlier features of LLM.int8(), §4). Returns a list of dicts."""
+        names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+        rows = []
+        originals = [{name: getattr(layer, name) for name in names} for layer in self.layers]
+
+        def recorder(index, name, fn):
+            def call(x):
+                rows.append({"layer": index, "linear": name, "dims": int(x.shape[-1]),
+                             "outlier_dims": int((np.abs(x) >= threshold).any(axis=0).sum())})
+                return fn(x)
+            return call
+
+        try:
+            for index, (layer, fns) in enumerate(zip(self.layers, originals)):
+                for name, fn in fns.items():
+                    setattr(layer, name, recorder(index, name, fn))
+            self.forward(token_ids, self.new_cache(), 0, logits=False)
+        finally:
+            for layer, fns in zip(self.layers, originals):
+                for name, fn in fns.items():
+                    setattr(layer, name, fn)
+        return rows
 
     def perplexity(self, token_ids):
         """exp(mean negative log-likelihood of each token given the ones before it)."""

@@ -1,0 +1,64 @@
+"""The model code on a tiny random-weight configuration: no download, fast."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from models import ModelConfig
+from models.smollm2 import SmolLM2, cache_policy
+
+TINY = ModelConfig("tiny", "llama", n_layers=2, hidden=32, intermediate=64, n_heads=4, n_kv_heads=2, vocab=50,
+                   tied_embeddings=True, rope_base=100000.0)
+
+
+def tiny_weights(rng):
+    c = TINY
+    q_out, kv_out = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes = {"token_embd.weight": (c.vocab, c.hidden), "output_norm.weight": (c.hidden,)}
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        shapes.update({p + "attn_norm.weight": (c.hidden,), p + "ffn_norm.weight": (c.hidden,),
+                       p + "attn_q.weight": (q_out, c.hidden), p + "attn_k.weight": (kv_out, c.hidden),
+                       p + "attn_v.weight": (kv_out, c.hidden), p + "attn_output.weight": (c.hidden, q_out),
+                       p + "ffn_gate.weight": (c.intermediate, c.hidden),
+                       p + "ffn_up.weight": (c.intermediate, c.hidden),
+                       p + "ffn_down.weight": (c.hidden, c.intermediate)})
+    return TINY, {name: (rng.standard_normal(shape) * 0.3 + (1.0 if "norm" in name else 0.0)).astype(np.float32)
+                  for name, shape in shapes.items()}
+
+
+@pytest.fixture
+def model(rng):
+    return SmolLM2(weights=tiny_weights(rng))
+
+
+def test_shapes_and_cache_consistency(model, rng):
+    ids = rng.integers(0, 50, 23).tolist()
+    full = model.forward(ids, model.new_cache(), 0)
+    assert full.shape == (23, 50) and np.isfinite(full).all()
+    cache = model.new_cache()
+    steps = [model.forward(ids[:9], cache, 0)] + [model.forward([t], cache, 9 + i) for i, t in enumerate(ids[9:])]
+    np.testing.assert_allclose(np.concatenate(steps), full, rtol=1e-4, atol=1e-4 * np.abs(full).max())
+    assert all(kv[0].shape == (2, 23, 8) for kv in cache)
+
+
+def test_rotary_positions_matter(model, rng):
+    # the same token at two positions must give different keys: rotary embeddings are applied
+    q = rng.standard_normal((4, 1, 8)).astype(np.float32)
+    assert not np.allclose(model._rope(q, np.array([0.0])), model._rope(q, np.array([5.0])))
+    np.testing.assert_allclose(np.linalg.norm(model._rope(q, np.array([5.0])), axis=-1),
+                               np.linalg.norm(q, axis=-1), rtol=1e-5)  # a rotation keeps lengths
+
+
+def test_switches_run(rng):
+    weights = tiny_weights(rng)
+    ids = rng.integers(0, 50, 40).tolist()
+    fp32 = SmolLM2(weights=weights).forward(ids, SmolLM2(weights=weights).new_cache(), 0)
+    for linear in ("int8", "naive-int8"):
+        m = SmolLM2(weights=weights, linear=linear)
+        logits = m.forward(ids, m.new_cache(), 0)
+        assert logits.shape == fp32.shape and np.isfinite(logits).all()
+    m = SmolLM2(weights=weights, attention="standard")
+    np.testing.assert_allclose(m.forward(ids, m.new_cache(), 0), fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
+    out = SmolLM2(weights=weights).generate(ids, 5, policy=cache_policy("snapkv", capacity=16, window=4))
+    assert len(out) == 5 and all(0 <= t < 50 for t in out)
