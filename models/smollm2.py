@@ -189,8 +189,8 @@ class SmolLM2:
         for i in range(self.config.n_layers):
             p = f"blk.{i}."
 
-            def lin(name):
-                return _linear(tensors[p + name + ".weight"], linear, keep_fp16_weights)
+            def lin(name, prefix=p):
+                return _linear(tensors[prefix + name + ".weight"], linear, keep_fp16_weights)
 
             self.layers.append(Layer(tensors[p + "attn_norm.weight"], lin("attn_q"), lin("attn_k"), lin("attn_v"),
                                      lin("attn_output"), tensors[p + "ffn_norm.weight"], lin("ffn_gate"),

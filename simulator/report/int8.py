@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.int8 import Int8Linear, int8_matmul, naive_absmax_matmul
+from kernels.int8 import Int8Linear, naive_absmax_matmul
 from models import PRESETS, weight_bytes
 
 from .. import costs
@@ -57,8 +57,8 @@ def int8_section(ctx: RunContext) -> Section:
         ctx.step(f"int8: GEMV {k}x{k}")
         x1, w1 = planted_inputs(rng, 1, k, k)
         int8_layer = Int8Linear.from_float(w1)
-        t_int8 = time_call(lambda: int8_layer(x1), repeats=15, warmup=3).median_s
-        t_fp32 = time_call(lambda: x1 @ w1, repeats=15, warmup=3).median_s
+        t_int8 = time_call(lambda layer=int8_layer, x=x1: layer(x), repeats=15, warmup=3).median_s
+        t_fp32 = time_call(lambda x=x1, w=w1: x @ w, repeats=15, warmup=3).median_s
         dense = costs.dense(1, k, k, elem_bytes=4, flop_kind="fp32").time(ctx.cpu).seconds
         split = costs.int8_split(1, k, k, N_OUTLIERS, elem_bytes=4).time(ctx.cpu).seconds
         gemv_rows.append({"k": k, "n": k, "int8_s": f"{t_int8:.6g}", "fp32_s": f"{t_fp32:.6g}",

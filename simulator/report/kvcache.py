@@ -52,7 +52,7 @@ def kvcache_section(ctx: RunContext) -> Section:
                                  for _ in range(math.ceil(2 * llc / (2 * k_c.nbytes)) - 1)]
         for label, caches in (("full", full), ("snapkv", pruned)):
             turn = itertools.cycle(caches)
-            t = time_call(lambda: kernels.attention(q_new, *next(turn), causal=True), repeats=40,
+            t = time_call(lambda q=q_new, turn=turn: kernels.attention(q, *next(turn), causal=True), repeats=40,
                           warmup=len(caches)).median_s
             cost = costs.decode(1, HQ, HKV, n, D, elem_bytes=4, capacity=None if label == "full" else capacity,
                                 Bc=256)

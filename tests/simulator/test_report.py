@@ -67,7 +67,8 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
     assert big["flash"] < big["standard"] / 4
     md = (out / "index.md").read_text()
     for heading in ("## This machine", "## Attention on this CPU", "## Bytes moved", "## SRAM size",
-                    "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()", "## SnapKV"):
+                    "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()", "## SnapKV",
+                    "## SmolLM2-135M"):
         assert heading in md
     assert steps
     errors = {float(r["threshold"]): float(r["mean_rel_error"]) for r in read_csv(out / "int8_error.csv")}
