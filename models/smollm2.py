@@ -199,10 +199,14 @@ class SmolLM2:
         """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x²) + eps) · weight."""
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
 
-    def _rope(self, x, positions):
-        """Rotate interleaved pairs (2i, 2i+1) of x (H, N, d) by positions · theta_i (the GGUF's Q/K layout)."""
+    def _rotation(self, positions):
+        """cos and sin of positions · theta_i, (N, d/2) each: computed once per forward, used by every layer."""
         angles = positions[:, None] * self.inv_freq[None, :]  # (N, d/2)
-        cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+    def _rope(self, x, positions, rotation=None):
+        """Rotate interleaved pairs (2i, 2i+1) of x (H, N, d) by positions · theta_i (the GGUF's Q/K layout)."""
+        cos, sin = self._rotation(positions) if rotation is None else rotation
         even, odd = x[..., 0::2], x[..., 1::2]
         out = np.empty_like(x)
         out[..., 0::2] = even * cos - odd * sin
@@ -229,12 +233,13 @@ class SmolLM2:
         x = self.embedding[np.asarray(token_ids)]  # (N, hidden)
         n = x.shape[0]
         positions = np.arange(start, start + n, dtype=np.float64)
+        rotation = self._rotation(positions)
         for layer, kv in zip(self.layers, cache):
             h = self._rms_norm(x, layer.attn_norm)
             q = layer.wq(h).reshape(n, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hq, N, d)
             k = layer.wk(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hkv, N, d)
             v = layer.wv(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
-            q, k = self._rope(q, positions), self._rope(k, positions)
+            q, k = self._rope(q, positions, rotation), self._rope(k, positions, rotation)
             if queries is not None:
                 queries.append(q)
             kv[0] = k if kv[0] is None else np.concatenate([kv[0], k], axis=1)

@@ -6,7 +6,7 @@ import math
 from .._cpuinfo import l2_bytes
 
 MIN_BLOCK = 16  # below this a block matmul is dominated by call overhead
-MAX_BLOCK_K = 512  # measured: slower past 256-512 key rows on the 2-core Zen 4 machine (see benchmarks/)
+MAX_BLOCK_K = 512  # measured by hand (block sweep at N=4096, d=64): slower past 256-512 key rows on the Zen 4
 
 
 def default_blocks(d: int, itemsize: int, group: int = 1) -> tuple[int, int]:

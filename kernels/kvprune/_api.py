@@ -202,10 +202,10 @@ def h2o_scores(q, k, *, block=256):
     group = Hq // Hkv
     dt = _compute_dtype(q)
     totals = np.zeros((B, Hq, N), dtype=np.float64)
+    kh = np.repeat(k.astype(dt), group, axis=1)  # (B, Hq, N, d), once for every query block
     for r0 in range(0, N, block):
         r1 = min(r0 + block, N)
         qb = q[:, :, r0:r1].astype(dt)  # (B, Hq, rows, d)
-        kh = np.repeat(k.astype(dt), group, axis=1)  # (B, Hq, N, d)
         s = np.einsum("bhid,bhjd->bhij", qb, kh) / np.sqrt(d)  # (B, Hq, rows, N)
         s = np.where(np.arange(N)[None, :] <= np.arange(r0, r1)[:, None], s, -np.inf)
         p = np.exp(s - s.max(axis=-1, keepdims=True))
