@@ -73,7 +73,7 @@ def calibrate() -> HardwareSpec:
     cores = os.cpu_count() or 1
     fp32 = sgemm_flops()
     cache_bw = triad_bandwidth(l2 // 4)  # three arrays that fit in L2 together, split over the cores
-    return HardwareSpec(
+    spec = HardwareSpec(
         name=f"cpu ({_machine_id()})", kind="cpu",
         hbm_bytes=float(psutil.virtual_memory().total),
         hbm_bandwidth=triad_bandwidth(TRIAD_DRAM_BYTES),
@@ -86,6 +86,7 @@ def calibrate() -> HardwareSpec:
         sram_bandwidth_measured=cache_bw,
         measured_on=_dt.date.today().isoformat(),
     )
+    return from_toml(spec.to_toml(), origin="calibration")  # what the cache file will hold, to the last bit
 
 
 def cpu_spec(force: bool = False) -> HardwareSpec:

@@ -105,7 +105,9 @@ class HardwareSpec:
             value = getattr(self, field)
             if field == "sram_bandwidth_measured" and not value:
                 continue
-            lines.append(f"{key} = {value if field == 'sm_count' else value / factor!r}")
+            # 10 significant digits: parsing this text and writing it again gives the same text, so a spec read
+            # back from its file equals the one that wrote it (value / factor * factor alone can lose the last bit)
+            lines.append(f"{key} = {value if field == 'sm_count' else format(value / factor, '.10g')}")
         if self.measured_on:
             lines.append(f'measured_on = "{self.measured_on}"')
         return "\n".join(lines) + "\n"
