@@ -194,35 +194,36 @@ def streaming_llm(q, k, v, *, capacity, n_sink=4):
     return k_c, v_c, kept
 
 
-def h2o_scores(q, k, *, block=256):
+def h2o_scores(q, k, *, block=128):
     """Attention each key received, summed over all prompt queries (causal), averaged over a kv head's query
-    heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N)."""
+    heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N) per thread."""
+    _check_inputs(q, k)
+    block = _check_int("block", block, 1)
     B, Hq, N, d = q.shape
-    Hkv = k.shape[1]
-    group = Hq // Hkv
     dt = _compute_dtype(q)
-    totals = np.zeros((B, Hq, N), dtype=np.float64)
-    kh = np.repeat(k.astype(dt), group, axis=1)  # (B, Hq, N, d), once for every query block
-    for r0 in range(0, N, block):
-        r1 = min(r0 + block, N)
-        qb = q[:, :, r0:r1].astype(dt)  # (B, Hq, rows, d)
-        s = np.einsum("bhid,bhjd->bhij", qb, kh) / np.sqrt(d)  # (B, Hq, rows, N)
-        s = np.where(np.arange(N)[None, :] <= np.arange(r0, r1)[:, None], s, -np.inf)
-        p = np.exp(s - s.max(axis=-1, keepdims=True))
-        totals += (p / p.sum(axis=-1, keepdims=True)).sum(axis=2)
-    return totals.reshape(B, Hkv, group, N).mean(axis=2)
+    totals = np.empty((B, Hq, N), dtype=dt)
+    with single_threaded_blas():
+        _numba_cpu.accumulated_attention(np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt),
+                                         1.0 / math.sqrt(d), block, totals)
+    return totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2)
 
 
-def h2o(q, k, v, *, capacity):
+def h2o(q, k, v, *, capacity, scores=None):
     """H2O (Zhang et al. 2023): half the budget for the heavy hitters (most accumulated attention from all prompt
-    queries), half for the most recent tokens."""
+    queries), half for the most recent tokens. ``scores``: ``h2o_scores(q, k)`` computed beforehand, to try
+    several capacities on one prompt without scoring it again."""
     _check_inputs(q, k, v)
     capacity = _check_int("capacity", capacity, 2)
     B, Hkv, N = k.shape[:3]
+    if scores is not None and (not isinstance(scores, np.ndarray) or scores.shape != (B, Hkv, N)):
+        raise ValueError(f"scores must be an ndarray of shape (B, Hkv, N) = {(B, Hkv, N)}, as h2o_scores returns; "
+                         f"got {getattr(scores, 'shape', type(scores).__name__)}")
     if N <= capacity:
         return _unchanged(q, k, v, Hkv)
+    if scores is None:
+        scores = h2o_scores(q, k)
     n_recent = capacity // 2
-    scores = h2o_scores(q, k)[..., : N - n_recent]
+    scores = scores[..., : N - n_recent]
     heavy = top_positions(scores, capacity - n_recent)
     kept = np.concatenate([heavy, np.broadcast_to(np.arange(N - n_recent, N), heavy.shape[:-1] + (n_recent,))],
                           axis=-1)

@@ -12,6 +12,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..attn._numba_cpu import exp_row
+
 
 @njit(parallel=True, cache=True)
 def window_scores(q_window, k, scale, out):
@@ -65,3 +67,31 @@ def pool(x, kernel_size, use_max, out):
                 for t in range(lo, hi):
                     acc += x[r, t]
                 out[r, j] = acc / kernel_size
+
+
+@njit(parallel=True, cache=True)
+def accumulated_attention(q, k, scale, block, out):
+    """out[b, h, j] = Σ_i softmax_j(scale · q_i · k_j, causal) over every query i (H2O's heavy-hitter score).
+
+    q (B, Hq, N, d), k (B, Hkv, N, d), out (B, Hq, N). One task per (batch, query head); query rows in blocks of
+    ``block``, each block's scores S = Q_b K[:r1]ᵀ through BLAS against only the keys it can see (causal), so the
+    work is half of the full N × N and the memory O(block · N).
+    """
+    B, Hq, N, d = q.shape
+    group = Hq // k.shape[1]
+    for task in prange(B * Hq):
+        b = task // Hq
+        h = task % Hq
+        out[b, h, :] = 0.0
+        for r0 in range(0, N, block):
+            r1 = min(r0 + block, N)
+            s = np.dot(q[b, h, r0:r1], k[b, h // group, :r1].T)  # (rows, r1)
+            for i in range(r1 - r0):
+                n_vis = r0 + i + 1
+                row = s[i]
+                m = -np.inf
+                for j in range(n_vis):
+                    m = max(m, row[j])
+                inv = 1.0 / exp_row(row, row, n_vis, m * scale, scale)  # the flash kernel's vectorized exp
+                for j in range(n_vis):
+                    out[b, h, j] += row[j] * inv

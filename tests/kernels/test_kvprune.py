@@ -84,15 +84,25 @@ def test_baselines(rng):
     scores = kvprune.h2o_scores(q, k)
     assert kept[0, 0, -10:].tolist() == list(range(110, 120))
     assert np.array_equal(kept[..., :10], top_positions_reference(scores[..., :110], 10))
+    assert np.array_equal(kvprune.h2o(q, k, v, capacity=20, scores=scores)[2], kept)
+    with pytest.raises(ValueError, match="scores must be an ndarray of shape"):
+        kvprune.h2o(q, k, v, capacity=20, scores=scores[..., 1:])
     _, _, a = kvprune.random(q, k, v, capacity=20, seed=3)
     _, _, b = kvprune.random(q, k, v, capacity=20, seed=3)
     assert np.array_equal(a, b) and np.all(np.diff(a, axis=-1) > 0) and a.shape == (1, 2, 20)
 
 
-def test_h2o_scores_equal_full_attention_column_sums(rng):
-    q, k, _ = _prompt(rng, Hq=2, Hkv=1, N=70)
-    p = np.stack([reference_probabilities(q[0, h], k[0, 0]) for h in range(2)])  # (2, N, N)
-    np.testing.assert_allclose(kvprune.h2o_scores(q, k)[0, 0], p.sum(axis=1).mean(axis=0), rtol=1e-12)
+@pytest.mark.parametrize("N, block, Hq, Hkv", [(70, 128, 2, 1), (70, 16, 2, 1), (33, 7, 6, 2), (1, 4, 3, 3),
+                                                (129, 64, 4, 4)])
+@pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_h2o_scores_equal_full_attention_column_sums(rng, N, block, Hq, Hkv, dtype, rtol):
+    q, k, _ = _prompt(rng, Hq=Hq, Hkv=Hkv, N=N)
+    group = Hq // Hkv
+    p = np.stack([reference_probabilities(q[0, h], k[0, h // group]) for h in range(Hq)])  # (Hq, N, N)
+    expected = p.sum(axis=1).reshape(Hkv, group, N).mean(axis=1)
+    got = kvprune.h2o_scores(q.astype(dtype), k.astype(dtype), block=block)
+    assert got.dtype == dtype and got.shape == (1, Hkv, N)
+    np.testing.assert_allclose(got[0], expected, rtol=rtol, atol=rtol)
 
 
 def reference_probabilities(q, k):
