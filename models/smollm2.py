@@ -326,15 +326,24 @@ class SmolLM2:
         if policy is not None:
             self.compress_cache(cache, queries, policy)
         prefill_s = time.perf_counter() - start
+        out = self.continue_decoding(logits, cache, len(prompt_ids), max_new_tokens,
+                                     pick=lambda z: self._pick(z, temperature, top_k, top_p, rng))
+        if timings is not None:
+            timings.update(prefill_s=prefill_s, decode_s=time.perf_counter() - start - prefill_s)
+        return out
+
+    def continue_decoding(self, logits, cache, position, max_new_tokens, pick=None):
+        """Decode from a prefilled ``cache`` whose next position is ``position``, starting with the prefill's last
+        ``logits``: at most ``max_new_tokens`` tokens, stopping at <|im_end|>; greedy unless ``pick`` (logits ->
+        token id) is given."""
+        pick = pick or (lambda z: int(np.argmax(z)))
         out = []
         for step in range(max_new_tokens):
-            token = self._pick(logits, temperature, top_k, top_p, rng)
+            token = pick(logits)
             if token == self.im_end:
                 break
             out.append(token)
-            logits = self.forward([token], cache, len(prompt_ids) + step)[-1]
-        if timings is not None:
-            timings.update(prefill_s=prefill_s, decode_s=time.perf_counter() - start - prefill_s)
+            logits = self.forward([token], cache, position + step)[-1]
         return out
 
     @staticmethod

@@ -68,7 +68,7 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
     md = (out / "index.md").read_text()
     for heading in ("## This machine", "## Attention on this CPU", "## Bytes moved", "## SRAM size",
                     "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()", "## SnapKV",
-                    "## SmolLM2-135M"):
+                    "## SmolLM2-135M", "## Passkey retrieval"):
         assert heading in md
     assert steps
     errors = {float(r["threshold"]): float(r["mean_rel_error"]) for r in read_csv(out / "int8_error.csv")}

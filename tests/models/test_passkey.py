@@ -1,0 +1,79 @@
+"""Passkey retrieval: the generated prompts, the answer check, the tables, and (with the GGUF) a real retrieval."""
+from __future__ import annotations
+
+import pytest
+
+from models import passkey
+
+
+def byte_encode(text):
+    """A stand-in tokenizer: one token per UTF-8 byte (no download needed)."""
+    return list(text.encode())
+
+
+@pytest.mark.parametrize("n_tokens", [600, 1000, 2048])
+@pytest.mark.parametrize("depth", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_case_has_the_length_and_the_needle_at_its_depth(n_tokens, depth):
+    case = passkey.make_case(byte_encode, n_tokens, depth, seed=7)
+    assert len(case.ids) == n_tokens
+    assert len(case.passkey) == 5 and case.passkey.isdigit()
+    text = bytes(case.ids).decode()
+    needle = passkey._needle(case.passkey).encode()
+    assert bytes(case.ids[case.needle_position:case.needle_position + len(needle)]) == needle
+    assert text.count(case.passkey) == 2  # only the needle holds it; the filler has no digits
+    head = len(byte_encode(text[:text.index(passkey.INSTRUCTION)] + passkey.INSTRUCTION + "\n"))
+    hay = n_tokens - head - len(needle) - len(byte_encode(text[text.rindex(passkey.QUESTION) - 1:]))
+    longest = max(len(s) + 1 for s in passkey.FILLER)  # a sentence boundary lies at most this far away
+    assert abs(case.needle_position - head - depth * hay) <= longest
+    assert text.endswith(f"<|im_start|>assistant\n{passkey.ANSWER_PREFIX}")
+
+
+def test_cases_are_reproducible_and_differ_by_seed():
+    a, b = (passkey.make_case(byte_encode, 800, 0.5, seed=s) for s in (3, 3))
+    c = passkey.make_case(byte_encode, 800, 0.5, seed=4)
+    assert a == b
+    assert a.ids != c.ids
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="depth must be within"):
+        passkey.make_case(byte_encode, 800, 1.5, seed=0)
+    with pytest.raises(ValueError, match="n_tokens=100 leaves no room"):
+        passkey.make_case(byte_encode, 100, 0.5, seed=0)
+
+
+@pytest.mark.parametrize("answer, found", [(" 12345. It", True), ("12345", True), ("1234", False),
+                                           (" 123456", False), ("not 54321 but 12345", False), ("", False),
+                                           ("a magical key", False)])
+def test_answer_found_reads_the_first_number(answer, found):
+    assert passkey.answer_found(answer, "12345") is found
+
+
+def test_accuracy_table_averages_over_depths():
+    rows = [{"context": 1024, "depth": d, "policy": p, "capacity": c, "correct": ok}
+            for d, p, c, ok in [(0.1, "full", 1024, 1), (0.5, "full", 1024, 0), (0.1, "snapkv", 128, 1),
+                                (0.5, "snapkv", 128, 1), (0.1, "h2o", 128, 0), (0.5, "h2o", 128, 0)]]
+    table = passkey.accuracy_table(rows)
+    assert table == {("full", None, 1024): 0.5, ("snapkv", 128, 1024): 1.0, ("h2o", 128, 1024): 0.0}
+    text = passkey.format_table(table, [1024, 2048])
+    assert "| full | 50% | = full |" in text and "| snapkv 128 | 100% | = full |" in text
+
+
+def test_retrieval_with_the_real_model():
+    pytest.importorskip("gguf", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
+    pytest.importorskip("tokenizers", reason="the model extra is not installed: pip install -e .[model]")
+    from models.smollm2 import SmolLM2, fetch_gguf
+
+    try:
+        model = SmolLM2(fetch_gguf())
+    except RuntimeError as err:
+        pytest.skip(f"SmolLM2 GGUF not available: {err}")
+    rows = passkey.evaluate(model, contexts=(1024,), depths=(0.5,), capacities=(128, 512))
+    assert [(r["policy"], r["capacity"]) for r in rows] == [
+        ("full", 1024), ("snapkv", 128), ("snapkv", 512), ("streaming", 128), ("streaming", 512), ("h2o", 128),
+        ("h2o", 512)]
+    by = {(r["policy"], r["capacity"]): r for r in rows}
+    # measured on this seed: the full cache and SnapKV at 512 (which sees the question) both read the passkey back;
+    # StreamingLLM at 128 keeps only the last 124 tokens, far from the needle at the middle, and cannot
+    assert by["full", 1024]["correct"] and by["snapkv", 512]["correct"]
+    assert not by["streaming", 128]["correct"]
