@@ -1,7 +1,15 @@
 """Shared test helpers: fresh random inputs and the per-dtype tolerance table."""
 from __future__ import annotations
 
+import os
+import shutil
 import zlib
+
+# The Numba-CUDA tier runs under Numba's CUDA simulator where this machine has no NVIDIA GPU (the CI): Numba reads
+# the variable when it is first imported, so it is set here, before anything imports Numba. Set
+# NUMBA_ENABLE_CUDASIM=0 to force the real device, =1 to force the simulator.
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not (os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi")):
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 import numpy as np
 import pytest

@@ -6,14 +6,15 @@ import math
 import numpy as np
 
 from . import _numba_cpu
+from .. import _gpu
 from .._blas import single_threaded_blas
 from ._blocks import default_blocks
 from ._memory import ensure_fits
 from ._standard import standard_forward
-from ._validate import normalize
+from ._validate import COMPUTE_DTYPE, normalize, validate
 
 ALGORITHMS = ("flash", "standard")
-BACKENDS = ("auto", "cpu")
+BACKENDS = ("auto", "cpu", "numba-cuda")
 
 
 def _check_choice(name, value, choices):
@@ -58,6 +59,37 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     return o, lse
 
 
+def _resolve_backend(backend, q):
+    on_device = _gpu.is_device_array(q)
+    if backend == "auto":
+        return "numba-cuda" if on_device else "cpu"
+    if backend == "cpu" and on_device:
+        raise TypeError("backend='cpu' takes NumPy arrays; q, k and v are device arrays (use backend='auto' or "
+                        "'numba-cuda', or copy them to the host)")
+    return backend
+
+
+def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
+    """Run on the Numba-CUDA tier; NumPy in, NumPy out; device arrays in, device arrays out."""
+    from . import _numba_cuda
+
+    on_host = isinstance(q, np.ndarray)
+    compute = COMPUTE_DTYPE[np.dtype(q.dtype)]
+    shape = tuple(q.shape)
+
+    def device_4d(x):
+        x = _gpu.to_numba(np.ascontiguousarray(x, dtype=compute) if on_host else _gpu.contiguous(x))
+        return _numba_cuda.cast(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), compute)
+
+    q4, k4, v4 = device_4d(q), device_4d(k), device_4d(v)
+    if algorithm == "standard":
+        o, lse = _numba_cuda.standard_forward(q4, k4, v4, scale, causal)
+    else:
+        o, lse = _numba_cuda.flash_forward(q4, k4, v4, scale, causal, block_q, block_k)
+    o = _numba_cuda.cast(o, np.dtype(q.dtype)).reshape(shape)
+    return _gpu.like_input(o, on_host), _gpu.like_input(lse.reshape(shape[:-1]), on_host)
+
+
 def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=None, block_k=None,
               return_lse=False, backend="auto"):
     """Exact scaled dot-product attention, O = softmax(scale · Q Kᵀ + mask) V.
@@ -85,12 +117,15 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
         ``"standard"``.
     return_lse : bool
         Also return the log-sum-exp of each query row's scaled scores (natural log), shape ``q.shape[:-1]``.
-    backend : {"auto", "cpu"}
-        Where to run. ``"cpu"``: Numba (flash) or NumPy (standard) on this machine's cores.
+    backend : {"auto", "cpu", "numba-cuda"}
+        Where to run. ``"cpu"``: Numba (flash) or NumPy (standard) on this machine's cores, for NumPy inputs.
+        ``"numba-cuda"``: the Numba-CUDA kernels (``kernels/attn/_numba_cuda.py``); NumPy inputs are copied to
+        the device and the result back. ``"auto"``: device arrays (CuPy, or anything with
+        ``__cuda_array_interface__``) run on the GPU and come back as CuPy arrays, NumPy arrays on the CPU.
 
     Returns
     -------
-    o : ndarray, the shape and dtype of ``q``
+    o : ndarray (a device array for device inputs), the shape and dtype of ``q``
     lse : ndarray, ``q.shape[:-1]``, in the compute dtype (only with ``return_lse=True``)
 
     Raises
@@ -118,6 +153,11 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     _check_choice("backend", backend, BACKENDS)
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+    backend = _resolve_backend(backend, q)
+    if backend == "numba-cuda":
+        o, lse = _on_numba_cuda(q, k, v, scale, bool(causal), algorithm, block_q, block_k)
+        return (o, lse) if return_lse else o
     q4, k4, v4, scale, shape = normalize(q, k, v, causal=causal, scale=scale, block_q=block_q,
                                            block_k=block_k)
     if algorithm == "standard":

@@ -6,6 +6,8 @@ import numbers
 
 import numpy as np
 
+from .._gpu import is_device_array
+
 # float16 is accepted and computed in float32 (its products and sums would overflow or lose too much in float16).
 COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
                  np.dtype(np.float32): np.dtype(np.float32),
@@ -13,9 +15,10 @@ COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
 
 
 def _check_array(name, x):
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
-    if x.dtype not in COMPUTE_DTYPE:
+    if not (isinstance(x, np.ndarray) or is_device_array(x)):
+        raise TypeError(f"{name} must be a numpy.ndarray or a device array (__cuda_array_interface__); "
+                        f"got {type(x).__name__}")
+    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
         raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
     if x.ndim not in (2, 3, 4):
         raise ValueError(f"{name} must have 2, 3 or 4 dimensions ((N, d), (H, N, d) or (B, H, N, d)); "
@@ -45,29 +48,31 @@ def check_scale(scale, d):
     return scale
 
 
-def normalize(q, k, v, *, causal, scale, block_q, block_k):
-    """Validate the inputs and view them as C-contiguous (B, H, N, d) arrays in the compute dtype.
-
-    Returns ``(q4, k4, v4, scale, q_shape)``; ``q_shape`` is the shape of the output.
-    """
+def validate(q, k, v, *, causal, scale, block_q, block_k):
+    """Check the arguments of an attention call (host or device arrays alike); returns the scale."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_array(name, x)
+    on_device = [is_device_array(x) for x in (q, k, v)]
+    if any(on_device) and not all(on_device):
+        raise TypeError("q, k and v must all be NumPy arrays or all device arrays; got "
+                        + ", ".join(f"{n} {'on the device' if d else 'in NumPy'}" for n, d in zip("qkv", on_device)))
+    q_shape, k_shape, v_shape = tuple(q.shape), tuple(k.shape), tuple(v.shape)  # device arrays' shapes as tuples
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if not (q.ndim == k.ndim == v.ndim):
-        raise ValueError(f"q, k and v must have the same number of dimensions; got shapes q {q.shape}, "
-                         f"k {k.shape}, v {v.shape}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
-    d = q.shape[-1]
-    if k.shape[-1] != d:
-        raise ValueError(f"head dims differ: q has d={d} (last axis), k and v have d={k.shape[-1]}")
+        raise ValueError(f"q, k and v must have the same number of dimensions; got shapes q {q_shape}, "
+                         f"k {k_shape}, v {v_shape}")
+    if k_shape != v_shape:
+        raise ValueError(f"k and v must have the same shape; got k {k_shape}, v {v_shape}")
+    d = q_shape[-1]
+    if k_shape[-1] != d:
+        raise ValueError(f"head dims differ: q has d={d} (last axis), k and v have d={k_shape[-1]}")
     if d < 1:
         raise ValueError(f"the head dim (last axis of q) must be >= 1; got {d}")
-    if q.ndim == 4 and q.shape[0] != k.shape[0]:
-        raise ValueError(f"batch sizes differ: q has B={q.shape[0]}, k and v have B={k.shape[0]}")
+    if q.ndim == 4 and q_shape[0] != k_shape[0]:
+        raise ValueError(f"batch sizes differ: q has B={q_shape[0]}, k and v have B={k_shape[0]}")
     if q.ndim >= 3:
-        Hq, Hkv = q.shape[-3], k.shape[-3]
+        Hq, Hkv = q_shape[-3], k_shape[-3]
         if Hkv < 1 or Hq % Hkv != 0:
             raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads "
                              f"(GQA); got Hq={Hq}, Hkv={Hkv}")
@@ -75,8 +80,15 @@ def normalize(q, k, v, *, causal, scale, block_q, block_k):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     check_block("block_q", block_q)
     check_block("block_k", block_k)
-    scale = check_scale(scale, d)
+    return check_scale(scale, d)
 
+
+def normalize(q, k, v, *, causal, scale, block_q, block_k):
+    """Validate the NumPy inputs and view them as C-contiguous (B, H, N, d) arrays in the compute dtype.
+
+    Returns ``(q4, k4, v4, scale, q_shape)``; ``q_shape`` is the shape of the output.
+    """
+    scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
     compute = COMPUTE_DTYPE[q.dtype]
 
     def as4d(x):

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
 
+from .. import _gpu
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX
 
@@ -149,7 +150,63 @@ def _as_weight(w, keep_fp16_weights=False):
     return Int8Weight.from_float(w, keep_fp16_weights)
 
 
-def int8_matmul(x, w, *, threshold=6.0):
+BACKENDS = ("auto", "cpu", "numba-cuda")
+
+
+def _int8_matmul_numba_cuda(x, w, threshold):
+    """``int8_matmul`` on the Numba-CUDA tier: NumPy in, NumPy out; device arrays in, device arrays out."""
+    from . import _numba_cuda
+
+    on_host = isinstance(x, np.ndarray)
+    _check_any_float("x", x, "vectors")
+    if isinstance(w, (Int8Weight, Int8Linear)):
+        weight = _as_weight(w)
+        w_i8_t, absmax_w = _gpu.to_numba(weight.w_i8_t), _gpu.to_numba(weight.absmax)
+        if weight.w_fp16 is not None:
+            raise ValueError("backend='numba-cuda' dequantizes the outlier rows from int8; an Int8Weight with "
+                             "keep_fp16_weights is CPU-only")
+        K, N = weight.shape
+    else:
+        _check_any_float("w", w, "matrix")
+        K, N = tuple(w.shape)
+    x_shape = tuple(x.shape)
+    if x_shape[-1] != K:
+        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (first axis)")
+    if K > MAX_EXACT_K:
+        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
+    threshold = _check_threshold(threshold)
+    if not isinstance(w, (Int8Weight, Int8Linear)):
+        w_dev = _numba_cuda.cast_f32(_gpu.to_numba(np.ascontiguousarray(w, dtype=np.float32) if on_host
+                                                    else _gpu.contiguous(w)))
+        w_i8_t, absmax_w = _numba_cuda.quantize_weight(w_dev)
+    x_dev = _gpu.to_numba(np.ascontiguousarray(x, dtype=np.float32) if on_host else _gpu.contiguous(x))
+    x_dev = _numba_cuda.cast_f32(x_dev).reshape(math.prod(x_shape[:-1]), K)
+    y, _ = _numba_cuda.split_matmul(x_dev, w_i8_t, absmax_w, threshold)
+    return _gpu.like_input(y.reshape(x_shape[:-1] + (N,)), on_host)
+
+
+def _check_any_float(name, x, ndim):
+    """``_check_float`` for NumPy arrays (and anything else), its device twin for device arrays."""
+    if _gpu.is_device_array(x):
+        _check_device_float(name, x, ndim)
+    else:
+        _check_float(name, x, ndim)
+
+
+def _check_device_float(name, x, ndim):
+    from . import _numba_cuda
+
+    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
+        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+    if ndim == "matrix" and x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (K, N); got shape {x.shape}")
+    if ndim == "vectors" and x.ndim < 1:
+        raise ValueError(f"{name} must have at least one dimension (..., K); got a scalar")
+    if not _numba_cuda.all_finite(_gpu.to_numba(_gpu.contiguous(x))):
+        raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
+
+
+def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     """LLM.int8() matrix multiplication with mixed-precision decomposition: x @ w, float32 result.
 
     Parameters
@@ -160,14 +217,20 @@ def int8_matmul(x, w, *, threshold=6.0):
         Outlier threshold: the hidden dimensions (columns of x) where any |x| >= threshold over all rows of this
         input go through a float16 matmul. ``0`` turns the decomposition off (plain vector-wise int8).
 
+    backend : {"auto", "cpu", "numba-cuda"}
+        ``"cpu"``: the Numba CPU kernels, for NumPy inputs. ``"numba-cuda"``: the Numba-CUDA kernels
+        (``kernels/int8/_numba_cuda.py``); NumPy inputs are copied to the device and the result back; the outlier
+        rows of W come from its int8 values there (an ``Int8Weight`` with a kept float16 copy is CPU-only).
+        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU, NumPy inputs on the CPU.
+
     Returns
     -------
-    y : ndarray, float32, (..., N)
+    y : ndarray (a device array for device inputs), float32, (..., N)
 
     Raises
     ------
     TypeError
-        Non-array or non-float inputs, a non-numeric threshold.
+        Non-array or non-float inputs, a non-numeric threshold, device inputs with ``backend="cpu"``.
     ValueError
         NaN or ±inf in x or w, mismatched K, a negative threshold, K too large for exact int32 sums.
 
@@ -177,6 +240,17 @@ def int8_matmul(x, w, *, threshold=6.0):
     multiplied in int8 with int32 accumulation and dequantized by absmax_x ⊗ absmax_w / 127²; the outlier
     dimensions use float16 inputs with float32 accumulation.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(map(repr, BACKENDS))}")
+    on_device = _gpu.is_device_array(x) or _gpu.is_device_array(w)
+    if on_device and not (_gpu.is_device_array(x) and (_gpu.is_device_array(w) or isinstance(w, (Int8Weight,
+                                                                                                Int8Linear)))):
+        raise TypeError("x and w must both be NumPy arrays or both device arrays (w may be an Int8Weight)")
+    if backend == "cpu" and on_device:
+        raise TypeError("backend='cpu' takes NumPy arrays; x is a device array (use backend='auto' or "
+                        "'numba-cuda', or copy it to the host)")
+    if backend == "numba-cuda" or (backend == "auto" and on_device):
+        return _int8_matmul_numba_cuda(x, w, threshold)
     _check_float("x", x, "vectors")
     weight = _as_weight(w)
     K, N = weight.shape

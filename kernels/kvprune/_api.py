@@ -9,8 +9,32 @@ import numpy as np
 
 from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
 
+from .. import _gpu
 from .._blas import single_threaded_blas
 from . import _numba_cpu
+
+BACKENDS = ("auto", "cpu", "numba-cuda")
+
+
+def _backend(backend, x):
+    """The tier to run on: "auto" follows where the inputs are; device inputs with "cpu" are refused."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(map(repr, BACKENDS))}")
+    on_device = _gpu.is_device_array(x)
+    if backend == "auto":
+        return "numba-cuda" if on_device else "cpu"
+    if backend == "cpu" and on_device:
+        raise TypeError("backend='cpu' takes NumPy arrays; got device arrays (use backend='auto' or 'numba-cuda', "
+                        "or copy them to the host)")
+    return backend
+
+
+def _device_inputs(on_host, dtype, *arrays):
+    """Numba device views (or copies, for NumPy input) of ``arrays`` in the compute dtype."""
+    from ..attn._numba_cuda import cast
+
+    return [cast(_gpu.to_numba(np.ascontiguousarray(x) if on_host else _gpu.contiguous(x)), dtype)
+            for x in arrays]
 
 POOLINGS = ("max", "avg")
 GQA_MODES = ("mean", "per-query-head")
@@ -24,12 +48,13 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
-def _check_inputs(q, k, v=None):
+def _check_inputs(q, k, v=None, *, device_ok=False):
     arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
     for name, x in arrays:
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
-        if x.dtype not in COMPUTE_DTYPE:
+        if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
+            expected = "a numpy.ndarray or a device array" if device_ok else "a numpy.ndarray"
+            raise TypeError(f"{name} must be {expected}; got {type(x).__name__}")
+        if np.dtype(x.dtype) not in COMPUTE_DTYPE:
             raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
         if x.ndim != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, d); got shape {x.shape}")
@@ -40,6 +65,9 @@ def _check_inputs(q, k, v=None):
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads (GQA); "
                          f"got Hq={q.shape[1]}, Hkv={k.shape[1]}")
+    on_device = [_gpu.is_device_array(x) for _, x in arrays]
+    if any(on_device) and not all(on_device):
+        raise TypeError("q, k and v must all be NumPy arrays or all device arrays")
 
 
 def _check_choice(name, value, choices):
@@ -57,10 +85,10 @@ def _check_scoring(kernel_size, pooling, gqa):
 
 
 def _compute_dtype(x):
-    return np.float64 if x.dtype == np.float64 else np.float32
+    return np.float64 if np.dtype(x.dtype) == np.float64 else np.float32
 
 
-def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean"):
+def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", backend="auto"):
     """SnapKV importance of each prefix position (Li et al. 2024, §4.2, "voting" and "clustering").
 
     Parameters
@@ -76,18 +104,28 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean"):
     gqa : {"mean", "per-query-head"}
         "mean" averages the scores of a kv head's query heads: (B, Hkv, N − w). "per-query-head": (B, Hq, N − w).
 
+    backend : {"auto", "cpu", "numba-cuda"}
+        As for ``snapkv_compress``.
+
     Returns
     -------
     scores : ndarray, float32 (float64 for float64 input), the pooled sum over the window queries of their
         softmax probabilities (scaled by 1/sqrt(d), causal inside the window) for positions [0, N − w).
     """
-    _check_inputs(q_window, k)
+    _check_inputs(q_window, k, device_ok=True)
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
+    backend = _backend(backend, q_window)
     B, Hq, w, d = q_window.shape
     Hkv, N = k.shape[1], k.shape[2]
     if w >= N:
         raise ValueError(f"the window ({w} queries) must be shorter than the prompt (N = {N})")
     dt = _compute_dtype(q_window)
+    if backend == "numba-cuda":
+        from . import _numba_cuda
+
+        on_host = isinstance(q_window, np.ndarray)
+        qw, kk = _device_inputs(on_host, dt, q_window, k)
+        return _gpu.like_input(_numba_cuda.snapkv_scores(qw, kk, kernel_size, pooling, gqa), on_host)
     qw = np.ascontiguousarray(q_window, dtype=dt)
     kk = np.ascontiguousarray(k, dtype=dt)
     summed = np.empty((B, Hq, N - w), dtype=dt)
@@ -134,7 +172,7 @@ def _unchanged(q, k, v, heads):
     return k_c, v_c, kept
 
 
-def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max", gqa="mean"):
+def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max", gqa="mean", backend="auto"):
     """Compress a prompt's KV cache to ``capacity`` tokens per head with SnapKV (Li et al. 2024).
 
     The last ``window`` queries vote (``snapkv_scores``); per head the top ``capacity − window`` prefix positions
@@ -148,6 +186,10 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
         As for ``snapkv_scores``. The paper's numbers come from its reference code, which repeats the kv heads and
         selects per query head (``gqa="per-query-head"``, a cache of Hq heads); ``"mean"`` (the default) keeps
         Hkv heads, so the cache stays 1/group of that size.
+    backend : {"auto", "cpu", "numba-cuda"}
+        ``"cpu"``: Numba on this machine, for NumPy inputs. ``"numba-cuda"``: the Numba-CUDA kernels
+        (``kernels/kvprune/_numba_cuda.py``); NumPy inputs are copied to the device and the results back.
+        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU, returning device arrays.
 
     Returns
     -------
@@ -160,14 +202,17 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     ValueError, TypeError
         capacity <= window, window < 1, an even or non-positive kernel_size, unknown pooling or gqa, bad shapes.
     """
-    _check_inputs(q, k, v)
+    _check_inputs(q, k, v, device_ok=True)
     window = _check_int("window", window, 1)
     capacity = _check_int("capacity", capacity, 1)
     if capacity <= window:
         raise ValueError(f"capacity must exceed window ({window}); got capacity={capacity}")
-    _check_scoring(kernel_size, pooling, gqa)
+    kernel_size = _check_scoring(kernel_size, pooling, gqa)
+    backend = _backend(backend, q)
     heads = k.shape[1] if gqa == "mean" else q.shape[1]
     N = k.shape[2]
+    if backend == "numba-cuda":
+        return _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa)
     if N <= capacity:
         return _unchanged(q, k, v, heads)
     scores = snapkv_scores(q[:, :, N - window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
@@ -176,6 +221,33 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     kept = np.concatenate([prefix, tail], axis=-1)
     k_c, v_c = _gather(k, v, kept, heads)
     return k_c, v_c, kept
+
+
+def _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa):
+    from . import _numba_cuda
+
+    on_host = isinstance(q, np.ndarray)
+    N = k.shape[2]
+    heads = k.shape[1] if gqa == "mean" else q.shape[1]
+    if N <= capacity:  # nothing to prune: every position, through the same gather (kv heads repeated if Hq)
+        if on_host:
+            return _unchanged(q, k, v, heads)
+        positions = np.broadcast_to(np.arange(N), (k.shape[0], heads, N))
+        scores = _gpu.to_numba(np.ascontiguousarray(-positions, dtype=np.float32))  # ranks keep every position
+        kk, vv = _device_inputs(False, np.dtype(k.dtype), k, v)
+        k_c, v_c, kept = _numba_cuda.select_and_gather(scores, kk, vv, N, 0)
+        return tuple(_gpu.like_input(x, False) for x in (k_c, v_c, kept))
+    dt = _compute_dtype(q)
+    qq, kk, vv = _device_inputs(on_host, dt, q, k, v)
+    scores = _numba_cuda.snapkv_scores(qq[:, :, N - window:], kk, kernel_size, pooling, gqa)
+    k_c, v_c, kept = _numba_cuda.select_and_gather(scores, kk, vv, capacity - window, window)
+    if on_host:
+        k_c, v_c = k_c.copy_to_host().astype(k.dtype, copy=False), v_c.copy_to_host().astype(k.dtype, copy=False)
+        return k_c, v_c, kept.copy_to_host()
+    from ..attn._numba_cuda import cast
+
+    return (_gpu.like_input(cast(k_c, np.dtype(k.dtype)), False), _gpu.like_input(cast(v_c, np.dtype(k.dtype)), False),
+            _gpu.like_input(kept, False))
 
 
 def streaming_llm(q, k, v, *, capacity, n_sink=4):

@@ -1,0 +1,227 @@
+"""The Numba-CUDA tier against the float64 oracles and the CPU tier: attention (flash, split-KV, standard), the
+LLM.int8() split matmul, SnapKV. In CI it runs under Numba's CUDA simulator (tests/conftest.py turns it on where
+there is no NVIDIA GPU) at tiny sizes; on a machine with a GPU the same tests run on the device at real sizes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba.cuda", reason="Numba's CUDA target is not installed (pip install -e .[gpu])")
+
+import kernels  # noqa: E402
+from kernels import _gpu, int8, kvprune  # noqa: E402
+from kernels.attn import reference  # noqa: E402
+
+from tests.conftest import assert_close  # noqa: E402
+from tests.kernels.test_attn import plain_attention  # noqa: E402
+from tests.kernels.test_attn_errors import _bad_calls, _ok  # noqa: E402
+from tests.kernels.test_int8 import BAD as INT8_BAD, planted  # noqa: E402
+
+if _gpu.numba_cuda() is None:
+    pytest.skip("no CUDA device and NUMBA_ENABLE_CUDASIM is off", allow_module_level=True)
+
+SIM = _gpu.simulated()  # the simulator runs every GPU thread as a Python thread: tiny shapes there
+BIG = 1 if SIM else 16  # size multiplier on a real device
+
+
+def _qkv(rng, B, Hq, Hkv, Nq, Nk, d, dtype):
+    q = rng.standard_normal((B, Hq, Nq, d)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, Nk, d)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, Nk, d)).astype(dtype)
+    return q, k, v
+
+
+# (B, Hq, Hkv, Nq, Nk, d, causal, block_q, block_k): N not a multiple of the tile, N smaller than a tile, GQA and
+# MQA, causal with Nq < Nk (a chunk against a cache) and Nq > Nk (rows that see no key: zeros, lse −inf)
+ATTN_GRID = [
+    (1, 2, 2, 9, 9, 8, False, 4, 4),
+    (1, 4, 2, 7, 11, 4, True, 4, 3),
+    (2, 3, 1, 5, 5, 4, True, 8, 8),
+    (1, 2, 1, 6, 3, 4, True, 4, 2),
+    (1, 2, 2, 3, 13, 4, False, 2, 5),
+]
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "standard"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+@pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, causal, bq, bk", ATTN_GRID)
+def test_attention_equals_the_oracle(rng, B, Hq, Hkv, Nq, Nk, d, causal, bq, bk, dtype, algorithm):
+    if SIM and algorithm == "standard" and dtype == np.float16:
+        pytest.skip("float16 computes in float32: the float32 case covers the simulated kernels")
+    q, k, v = _qkv(rng, B, Hq, Hkv, Nq * BIG, Nk * BIG, d * (8 if not SIM else 1), dtype)
+    o, lse = kernels.attention(q, k, v, causal=causal, algorithm=algorithm, block_q=bq, block_k=bk,
+                               backend="numba-cuda", return_lse=True)
+    ref_o, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
+    assert isinstance(o, np.ndarray) and o.dtype == dtype and o.shape == q.shape
+    plain = None
+    if dtype == np.float16:  # flash-attn's rule: within 2x the error of attention computed plainly in float16
+        plain = plain_attention(q, k, v, causal)
+    assert_close(o, ref_o, dtype, plain=plain)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    seen = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=1e-3 if dtype != np.float64 else 1e-10)
+    assert not np.isnan(o).any()
+
+
+@pytest.mark.parametrize("n_splits", [2, 3, 5])
+@pytest.mark.parametrize("Nq, causal", [(1, False), (1, True), (3, True)])
+def test_split_kv_decode_equals_the_oracle(rng, n_splits, Nq, causal):
+    from kernels.attn import _numba_cuda
+
+    q, k, v = _qkv(rng, 1, 3, 1, Nq, 19 * BIG, 4, np.float64)
+    dev = [_gpu.to_numba(x) for x in (q, k, v)]
+    o, lse = _numba_cuda.flash_forward(*dev, 0.5, causal, block_q=2, block_k=4, n_splits=n_splits)
+    ref_o, ref_lse = reference(q, k, v, causal=causal, scale=0.5, return_lse=True)
+    np.testing.assert_allclose(o.copy_to_host(), ref_o, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse.copy_to_host(), ref_lse, rtol=1e-12)
+
+
+def test_split_count_fills_the_machine():
+    from kernels.attn._numba_cuda import split_count
+
+    assert split_count(tasks=9, n_key_tiles=256, multiprocessors=132) == 30  # decode: 9 heads, 264 blocks
+    assert split_count(tasks=9, n_key_tiles=4, multiprocessors=132) == 4  # never more than one per key tile
+    assert split_count(tasks=1024, n_key_tiles=64, multiprocessors=132) == 1  # prefill fills it already
+
+
+def test_device_arrays_come_back_on_the_device(rng):
+    q, k, v = _qkv(rng, 1, 2, 1, 5, 6, 4, np.float32)
+    dev = [_gpu.to_numba(x) for x in (q, k, v)]
+    o = kernels.attention(*dev, causal=True, block_q=4, block_k=4)  # "auto" follows the inputs to the device
+    assert not isinstance(o, np.ndarray) and _gpu.is_device_array(o)
+    assert_close(_gpu.to_host_array(o), reference(q, k, v, causal=True), np.float32)
+    with pytest.raises(TypeError, match="backend='cpu' takes NumPy arrays"):
+        kernels.attention(*dev, backend="cpu")
+    with pytest.raises(TypeError, match="all be NumPy arrays or all device arrays"):
+        kernels.attention(q, dev[1], dev[2])
+
+
+@pytest.mark.parametrize("name, exc, pattern, make", _bad_calls(), ids=[c[0] for c in _bad_calls()])
+def test_the_same_errors_as_the_cpu(rng, name, exc, pattern, make):
+    args, kwargs = make(*_ok(rng))
+    for backend in ("cpu", "numba-cuda"):
+        with pytest.raises(exc, match=pattern):
+            kernels.attention(*args, **{"backend": backend, **kwargs})
+
+
+def test_tiles_beyond_shared_memory_are_refused(rng):
+    q, k, v = _qkv(rng, 1, 1, 1, 4, 4, 64, np.float32)
+    with pytest.raises(ValueError, match=r"needs 147456 bytes of shared memory per block, above the device's"):
+        kernels.attention(q, k, v, block_q=64, block_k=256, backend="numba-cuda")  # (64 + 2·256)·64·4 bytes
+
+
+# -- LLM.int8() ----------------------------------------------------------------------------------------------------
+INT8_GRID = [(1, 9, 5, 0), (3, 10, 7, 1), (6, 17, 4, 2), (2, 8, 9, 8)]  # (M, K, N, outlier dims); 8 of 8: all
+
+
+@pytest.mark.parametrize("threshold", [6.0, 0.0])
+@pytest.mark.parametrize("m, k, n, n_out", INT8_GRID)
+def test_int8_matmul_equals_the_cpu_tier_exactly(rng, m, k, n, n_out, threshold):
+    x, w, _ = planted(rng, m * BIG, k * BIG, n * BIG, n_out)
+    got = int8.int8_matmul(x, w, threshold=threshold, backend="numba-cuda")
+    cpu = int8.int8_matmul(x, w, threshold=threshold, backend="cpu")
+    assert got.dtype == np.float32 and got.shape == cpu.shape
+    # the int8 operands and the int32 product are equal bit for bit; the float16 outlier sums in the same order
+    np.testing.assert_allclose(got, cpu, rtol=1e-6, atol=1e-6 * np.abs(cpu).max())
+    ref = int8.int8_matmul_reference(x, w, threshold=threshold)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_int8_gemm_and_quantizer_are_exact(rng):
+    from kernels.int8 import _numba_cuda
+
+    w = rng.standard_normal((13 * BIG, 6 * BIG)).astype(np.float32)
+    w_i8_t, absmax = _numba_cuda.quantize_weight(_gpu.to_numba(w))
+    ref = int8.Int8Weight.from_float(w)
+    assert np.array_equal(w_i8_t.copy_to_host(), ref.w_i8_t)
+    assert np.array_equal(absmax.copy_to_host(), ref.absmax)
+    x_i8 = rng.integers(-127, 128, (5, 13 * BIG), dtype=np.int8)
+    c = _numba_cuda.gemm(_gpu.to_numba(x_i8), w_i8_t)
+    assert np.array_equal(c.copy_to_host(), int8.int8_gemm(x_i8, ref.w_i8_t))
+
+
+def test_int8_with_a_prequantized_weight_and_device_inputs(rng):
+    x, w, _ = planted(rng, 3, 12, 5, 2)
+    weight = int8.Int8Weight.from_float(w)
+    cpu = int8.int8_matmul(x, weight)
+    y = int8.int8_matmul(_gpu.to_numba(x), weight)  # "auto": device input, device output
+    assert _gpu.is_device_array(y)
+    np.testing.assert_allclose(_gpu.to_host_array(y), cpu, rtol=1e-6, atol=1e-6 * np.abs(cpu).max())
+    with pytest.raises(ValueError, match="keep_fp16_weights is CPU-only"):
+        int8.int8_matmul(x, int8.Int8Weight.from_float(w, keep_fp16_weights=True), backend="numba-cuda")
+
+
+@pytest.mark.parametrize("name, exc, pattern, make", INT8_BAD, ids=[b[0] for b in INT8_BAD])
+def test_int8_errors_match_the_cpu(rng, name, exc, pattern, make):
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 8)).astype(np.float32)
+    args, kwargs = make(x, w)
+    for backend in ("cpu", "numba-cuda"):
+        with pytest.raises(exc, match=pattern):
+            int8.int8_matmul(*args, backend=backend, **kwargs)
+
+
+def test_int8_nan_on_the_device_is_refused(rng):
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    x[1, 2] = np.nan
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match="x contains NaN"):
+        int8.int8_matmul(_gpu.to_numba(x), _gpu.to_numba(w))
+
+
+# -- SnapKV --------------------------------------------------------------------------------------------------------
+SNAP_GRID = [(4, 2, 30, 12, 4, 3), (2, 1, 25, 10, 3, 5), (3, 3, 19, 9, 2, 1)]  # Hq, Hkv, N, capacity, window, kernel
+
+
+@pytest.mark.parametrize("gqa", ["mean", "per-query-head"])
+@pytest.mark.parametrize("pooling", ["max", "avg"])
+@pytest.mark.parametrize("hq, hkv, n, capacity, window, kernel_size", SNAP_GRID)
+def test_snapkv_kept_sets_equal_the_oracle(rng, hq, hkv, n, capacity, window, kernel_size, pooling, gqa):
+    q, k, v = _qkv(rng, 1, hq, hkv, n * BIG, n * BIG, 4, np.float64)
+    options = dict(capacity=capacity * BIG, window=window, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
+    k_c, v_c, kept = kvprune.snapkv_compress(q, k, v, backend="numba-cuda", **options)
+    assert np.array_equal(kept, kvprune.snapkv_kept_reference(q, k, **options))
+    k_cpu, v_cpu, kept_cpu = kvprune.snapkv_compress(q, k, v, backend="cpu", **options)
+    assert np.array_equal(kept, kept_cpu) and np.array_equal(k_c, k_cpu) and np.array_equal(v_c, v_cpu)
+    scores = kvprune.snapkv_scores(q[:, :, -window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa,
+                                   backend="numba-cuda")
+    ref = kvprune.snapkv_scores_reference(q[:, :, -window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
+    np.testing.assert_allclose(scores, ref, rtol=1e-12, atol=1e-15)
+
+
+def test_snapkv_ties_go_to_the_lower_position(rng):
+    from kernels.kvprune import _numba_cuda
+
+    scores = rng.integers(0, 3, (1, 2, 20)).astype(np.float64)  # many ties
+    k = rng.standard_normal((1, 2, 22, 4))
+    for n_keep in (0, 1, 7, 20):
+        _, _, kept = _numba_cuda.select_and_gather(_gpu.to_numba(scores), _gpu.to_numba(k), _gpu.to_numba(k),
+                                                   n_keep, 2)
+        expected = np.concatenate([kvprune.top_positions_reference(scores, n_keep),
+                                   np.broadcast_to([20, 21], (1, 2, 2))], axis=-1)
+        assert np.array_equal(kept.copy_to_host(), expected)
+
+
+def test_snapkv_short_prompt_and_device_arrays(rng):
+    q, k, v = _qkv(rng, 1, 4, 2, 8, 8, 4, np.float32)
+    for gqa, heads in (("mean", 2), ("per-query-head", 4)):
+        k_c, v_c, kept = kvprune.snapkv_compress(*(_gpu.to_numba(x) for x in (q, k, v)), capacity=12, window=3,
+                                                 gqa=gqa)
+        assert _gpu.is_device_array(k_c)
+        assert np.array_equal(_gpu.to_host_array(kept), np.broadcast_to(np.arange(8), (1, heads, 8)))
+        assert np.array_equal(_gpu.to_host_array(k_c), np.repeat(k, heads // 2, axis=1))
+    with pytest.raises(TypeError, match="backend='cpu' takes NumPy arrays"):
+        kvprune.snapkv_compress(*(_gpu.to_numba(x) for x in (q, k, v)), capacity=12, window=3, backend="cpu")
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    ({"capacity": 4, "window": 4}, ValueError, "capacity must exceed window"),
+    ({"capacity": 10, "window": 2, "kernel_size": 4}, ValueError, "kernel_size must be odd"),
+    ({"capacity": 10, "window": 2, "pooling": "sum"}, ValueError, "unknown pooling"),
+    ({"capacity": 10, "window": 2, "backend": "tpu"}, ValueError, "unknown backend 'tpu'"),
+])
+def test_snapkv_errors_match_the_cpu(rng, kwargs, exc, pattern):
+    q, k, v = _qkv(rng, 1, 2, 1, 12, 12, 4, np.float32)
+    for backend in ("cpu", "numba-cuda"):
+        with pytest.raises(exc, match=pattern):
+            kvprune.snapkv_compress(q, k, v, **{"backend": backend, **kwargs})
