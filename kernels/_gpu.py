@@ -132,3 +132,15 @@ def ensure_device_fits(nbytes: int, what: str) -> None:
     if nbytes > free:
         raise InsufficientMemoryError(f"{what} would allocate {nbytes / 2**30:.2f} GiB on the GPU, but only "
                                       f"{free / 2**30:.2f} GiB is free")
+
+
+def ensure_device_fits_cupy(nbytes: int, what: str) -> None:
+    """``ensure_device_fits`` for the CuPy tier: the free bytes as the CUDA runtime reports them."""
+    from .attn._memory import InsufficientMemoryError
+
+    cupy = cupy_module()
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    free += cupy.get_default_memory_pool().free_bytes()  # what CuPy's pool holds but no array uses
+    if nbytes > free:
+        raise InsufficientMemoryError(f"{what} would allocate {nbytes / 2**30:.2f} GiB on the GPU, but only "
+                                      f"{free / 2**30:.2f} GiB is free")

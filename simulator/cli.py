@@ -1,4 +1,4 @@
-"""Command line: ``python -m simulator`` or ``ioaware``: ``report``, ``costs`` and ``hardware``."""
+"""Command line: ``python -m simulator`` or ``ioaware``: ``report``, ``costs``, ``hardware`` and ``gpu-check``."""
 from __future__ import annotations
 
 import argparse
@@ -126,6 +126,15 @@ def _hardware_cmd(args) -> int:
     return 0
 
 
+def _gpu_check(args) -> int:
+    from .gpu_check import run
+
+    def progress(text):
+        print(text, flush=True)
+
+    return run(Path(args.out), quick=args.quick, progress=progress)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ioaware", description="IO-aware kernels beside the bytes they move: measurement, cost model, reports.")
@@ -171,6 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
                              description="The hardware presets and this machine's calibrated spec.")
     hw.add_argument("--recalibrate", action="store_true", help="measure this machine again")
     hw.set_defaults(func=_hardware_cmd)
+
+    gpu = commands.add_parser(
+        "gpu-check", help="on a CUDA GPU: correctness, benchmarks, DRAM bytes and sanitizers of the GPU kernels",
+        description="The one-call GPU check: both GPU tiers against the float64 oracles at real sizes, benchmarks "
+                    "beside torch SDPA, cuBLAS and bitsandbytes, Nsight Compute DRAM bytes beside the cost model, "
+                    "compute-sanitizer memcheck and racecheck. Needs CuPy and numba-cuda on a CUDA device.")
+    gpu.add_argument("--out", metavar="DIR", required=True, help="directory for the CSV, Markdown and chart")
+    gpu.add_argument("--quick", action="store_true", help="small sizes; no ncu or sanitizer runs")
+    gpu.set_defaults(func=_gpu_check)
     return parser
 
 

@@ -14,7 +14,7 @@ from ._standard import standard_forward
 from ._validate import COMPUTE_DTYPE, normalize, validate
 
 ALGORITHMS = ("flash", "standard")
-BACKENDS = ("auto", "cpu", "numba-cuda")
+BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
 
 
 def _check_choice(name, value, choices):
@@ -62,7 +62,12 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
 def _resolve_backend(backend, q):
     on_device = _gpu.is_device_array(q)
     if backend == "auto":
-        return "numba-cuda" if on_device else "cpu"
+        if not on_device:
+            return "cpu"
+        from . import _cupy as tier2
+
+        tensor_cores = tier2.supported(np.dtype(q.dtype).name, tuple(q.shape)[-1])
+        return "cupy" if tensor_cores and _gpu.cupy_module() is not None else "numba-cuda"
     if backend == "cpu" and on_device:
         raise TypeError("backend='cpu' takes NumPy arrays; q, k and v are device arrays (use backend='auto' or "
                         "'numba-cuda', or copy them to the host)")
@@ -88,6 +93,30 @@ def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
         o, lse = _numba_cuda.flash_forward(q4, k4, v4, scale, causal, block_q, block_k)
     o = _numba_cuda.cast(o, np.dtype(q.dtype)).reshape(shape)
     return _gpu.like_input(o, on_host), _gpu.like_input(lse.reshape(shape[:-1]), on_host)
+
+
+def _on_cupy(q, k, v, scale, causal, algorithm):
+    """Run on the CUDA C tier (tensor cores): float16, head dims 64 and 128."""
+    from .. import _cupy
+    from . import _cupy as tier2
+
+    shape = tuple(q.shape)
+    dtype = np.dtype(q.dtype).name
+    if not tier2.supported(dtype, shape[-1]):
+        raise ValueError(f"backend='cupy' takes float16 inputs with head dim {' or '.join(map(str, tier2.HEAD_DIMS))}"
+                         f"; got {dtype}, d={shape[-1]} (backend='numba-cuda' takes any)")
+    on_host = isinstance(q, np.ndarray)
+
+    def device_4d(x):
+        x = _cupy.as_cupy(x)
+        return x.reshape((1,) * (4 - x.ndim) + tuple(x.shape))
+
+    forward = tier2.standard_forward if algorithm == "standard" else tier2.flash_forward
+    o, lse = forward(device_4d(q), device_4d(k), device_4d(v), scale, causal)
+    o, lse = o.reshape(shape), lse.reshape(shape[:-1])
+    if on_host:
+        return _cupy.require_cupy().asnumpy(o), _cupy.require_cupy().asnumpy(lse)
+    return o, lse
 
 
 def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=None, block_k=None,
@@ -117,11 +146,14 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
         ``"standard"``.
     return_lse : bool
         Also return the log-sum-exp of each query row's scaled scores (natural log), shape ``q.shape[:-1]``.
-    backend : {"auto", "cpu", "numba-cuda"}
+    backend : {"auto", "cpu", "numba-cuda", "cupy"}
         Where to run. ``"cpu"``: Numba (flash) or NumPy (standard) on this machine's cores, for NumPy inputs.
-        ``"numba-cuda"``: the Numba-CUDA kernels (``kernels/attn/_numba_cuda.py``); NumPy inputs are copied to
-        the device and the result back. ``"auto"``: device arrays (CuPy, or anything with
-        ``__cuda_array_interface__``) run on the GPU and come back as CuPy arrays, NumPy arrays on the CPU.
+        ``"numba-cuda"``: the Numba-CUDA kernels (``kernels/attn/_numba_cuda.py``), any float dtype and head dim.
+        ``"cupy"``: the CUDA C kernels on tensor cores (``kernels/attn/flash_attention.cu``), float16 with head
+        dim 64 or 128 (bfloat16 through ``kernels.attn._cupy`` on uint16 bit patterns). For both GPU backends
+        NumPy inputs are copied to the device and the result back. ``"auto"``: device arrays (CuPy, or anything
+        with ``__cuda_array_interface__``) run on the GPU — on tensor cores where the dtype and head dim allow,
+        else on the Numba-CUDA tier — and come back as CuPy arrays; NumPy arrays run on the CPU.
 
     Returns
     -------
@@ -155,6 +187,9 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
     backend = _resolve_backend(backend, q)
+    if backend == "cupy":
+        o, lse = _on_cupy(q, k, v, scale, bool(causal), algorithm)
+        return (o, lse) if return_lse else o
     if backend == "numba-cuda":
         o, lse = _on_numba_cuda(q, k, v, scale, bool(causal), algorithm, block_q, block_k)
         return (o, lse) if return_lse else o

@@ -150,7 +150,7 @@ def _as_weight(w, keep_fp16_weights=False):
     return Int8Weight.from_float(w, keep_fp16_weights)
 
 
-BACKENDS = ("auto", "cpu", "numba-cuda")
+BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
 
 
 def _int8_matmul_numba_cuda(x, w, threshold):
@@ -185,6 +185,40 @@ def _int8_matmul_numba_cuda(x, w, threshold):
     return _gpu.like_input(y.reshape(x_shape[:-1] + (N,)), on_host)
 
 
+def _int8_matmul_cupy(x, w, threshold):
+    """``int8_matmul`` on the CUDA C tier (tensor cores): NumPy in, NumPy out; device arrays in, CuPy out."""
+    from .. import _cupy
+    from . import _cupy as tier2
+
+    cupy = _cupy.require_cupy()
+    on_host = isinstance(x, np.ndarray)
+    _check_any_float("x", x, "vectors")
+    w_fp16 = None
+    if isinstance(w, (Int8Weight, Int8Linear)):
+        weight = _as_weight(w)
+        K, N = weight.shape
+        w_i8_t = cupy.zeros((N, tier2.padded(K)), dtype=cupy.int8)
+        w_i8_t[:, :K] = cupy.asarray(weight.w_i8_t)
+        absmax_w = cupy.asarray(weight.absmax)
+        if weight.w_fp16 is not None:
+            w_fp16 = cupy.asarray(weight.w_fp16)
+    else:
+        _check_any_float("w", w, "matrix")
+        K, N = tuple(w.shape)
+    x_shape = tuple(x.shape)
+    if x_shape[-1] != K:
+        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (first axis)")
+    if K > MAX_EXACT_K:
+        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
+    threshold = _check_threshold(threshold)
+    if not isinstance(w, (Int8Weight, Int8Linear)):
+        w_i8_t, absmax_w = tier2.quantize_weight(_cupy.as_cupy(w, np.float32))
+    x2d = _cupy.as_cupy(x, np.float32).reshape(math.prod(x_shape[:-1]), K)
+    y, _, _ = tier2.split_matmul(x2d, w_i8_t, absmax_w, threshold, w_fp16)
+    y = y.reshape(x_shape[:-1] + (N,))
+    return cupy.asnumpy(y) if on_host else y
+
+
 def _check_any_float(name, x, ndim):
     """``_check_float`` for NumPy arrays (and anything else), its device twin for device arrays."""
     if _gpu.is_device_array(x):
@@ -217,11 +251,13 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
         Outlier threshold: the hidden dimensions (columns of x) where any |x| >= threshold over all rows of this
         input go through a float16 matmul. ``0`` turns the decomposition off (plain vector-wise int8).
 
-    backend : {"auto", "cpu", "numba-cuda"}
+    backend : {"auto", "cpu", "numba-cuda", "cupy"}
         ``"cpu"``: the Numba CPU kernels, for NumPy inputs. ``"numba-cuda"``: the Numba-CUDA kernels
-        (``kernels/int8/_numba_cuda.py``); NumPy inputs are copied to the device and the result back; the outlier
-        rows of W come from its int8 values there (an ``Int8Weight`` with a kept float16 copy is CPU-only).
-        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU, NumPy inputs on the CPU.
+        (``kernels/int8/_numba_cuda.py``); the outlier rows of W come from its int8 values there (an
+        ``Int8Weight`` with a kept float16 copy is refused). ``"cupy"``: the CUDA C kernels on tensor cores
+        (``kernels/int8/int8_matmul.cu``). For both GPU backends NumPy inputs are copied to the device and the
+        result back. ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU (tensor cores when
+        CuPy is installed), NumPy inputs on the CPU.
 
     Returns
     -------
@@ -249,7 +285,11 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     if backend == "cpu" and on_device:
         raise TypeError("backend='cpu' takes NumPy arrays; x is a device array (use backend='auto' or "
                         "'numba-cuda', or copy it to the host)")
-    if backend == "numba-cuda" or (backend == "auto" and on_device):
+    if backend == "auto" and on_device:
+        backend = "cupy" if _gpu.cupy_module() is not None else "numba-cuda"
+    if backend == "cupy":
+        return _int8_matmul_cupy(x, w, threshold)
+    if backend == "numba-cuda":
         return _int8_matmul_numba_cuda(x, w, threshold)
     _check_float("x", x, "vectors")
     weight = _as_weight(w)

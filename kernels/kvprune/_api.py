@@ -13,7 +13,7 @@ from .. import _gpu
 from .._blas import single_threaded_blas
 from . import _numba_cpu
 
-BACKENDS = ("auto", "cpu", "numba-cuda")
+BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
 
 
 def _backend(backend, x):
@@ -22,7 +22,9 @@ def _backend(backend, x):
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(map(repr, BACKENDS))}")
     on_device = _gpu.is_device_array(x)
     if backend == "auto":
-        return "numba-cuda" if on_device else "cpu"
+        if not on_device:
+            return "cpu"
+        return "cupy" if _gpu.cupy_module() is not None else "numba-cuda"
     if backend == "cpu" and on_device:
         raise TypeError("backend='cpu' takes NumPy arrays; got device arrays (use backend='auto' or 'numba-cuda', "
                         "or copy them to the host)")
@@ -120,6 +122,13 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     if w >= N:
         raise ValueError(f"the window ({w} queries) must be shorter than the prompt (N = {N})")
     dt = _compute_dtype(q_window)
+    if backend == "cupy":
+        from .. import _cupy
+        from . import _cupy as tier2
+
+        scores = tier2.snapkv_scores(q_window, k, kernel_size, pooling, gqa)
+        scores = scores.astype(dt, copy=False)
+        return _cupy.require_cupy().asnumpy(scores) if isinstance(q_window, np.ndarray) else scores
     if backend == "numba-cuda":
         from . import _numba_cuda
 
@@ -186,10 +195,12 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
         As for ``snapkv_scores``. The paper's numbers come from its reference code, which repeats the kv heads and
         selects per query head (``gqa="per-query-head"``, a cache of Hq heads); ``"mean"`` (the default) keeps
         Hkv heads, so the cache stays 1/group of that size.
-    backend : {"auto", "cpu", "numba-cuda"}
+    backend : {"auto", "cpu", "numba-cuda", "cupy"}
         ``"cpu"``: Numba on this machine, for NumPy inputs. ``"numba-cuda"``: the Numba-CUDA kernels
-        (``kernels/kvprune/_numba_cuda.py``); NumPy inputs are copied to the device and the results back.
-        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU, returning device arrays.
+        (``kernels/kvprune/_numba_cuda.py``); ``"cupy"``: the CUDA C kernels (``kernels/kvprune/snapkv.cu``, a
+        radix-select top-k). For both GPU backends NumPy inputs are copied to the device and the results back.
+        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU (CUDA C when CuPy is installed),
+        returning device arrays.
 
     Returns
     -------
@@ -213,6 +224,8 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     N = k.shape[2]
     if backend == "numba-cuda":
         return _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa)
+    if backend == "cupy":
+        return _snapkv_cupy(q, k, v, capacity, window, kernel_size, pooling, gqa)
     if N <= capacity:
         return _unchanged(q, k, v, heads)
     scores = snapkv_scores(q[:, :, N - window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
@@ -248,6 +261,27 @@ def _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa):
 
     return (_gpu.like_input(cast(k_c, np.dtype(k.dtype)), False), _gpu.like_input(cast(v_c, np.dtype(k.dtype)), False),
             _gpu.like_input(kept, False))
+
+
+def _snapkv_cupy(q, k, v, capacity, window, kernel_size, pooling, gqa):
+    from .. import _cupy
+    from . import _cupy as tier2
+
+    cupy = _cupy.require_cupy()
+    on_host = isinstance(q, np.ndarray)
+    N = k.shape[2]
+    heads = k.shape[1] if gqa == "mean" else q.shape[1]
+    kk, vv = _cupy.as_cupy(k), _cupy.as_cupy(v)
+    if N <= capacity:  # nothing to prune: every position (kv heads repeated for "per-query-head")
+        kept = cupy.broadcast_to(cupy.arange(N), (k.shape[0], heads, N)).copy()
+        k_c = cupy.repeat(kk, heads // k.shape[1], axis=1)
+        v_c = cupy.repeat(vv, heads // k.shape[1], axis=1)
+    else:
+        scores = tier2.snapkv_scores(_cupy.as_cupy(q)[:, :, N - window:], kk, kernel_size, pooling, gqa)
+        k_c, v_c, kept = tier2.select_and_gather(scores, kk, vv, capacity - window, window)
+    if on_host:
+        return cupy.asnumpy(k_c), cupy.asnumpy(v_c), cupy.asnumpy(kept)
+    return k_c, v_c, kept
 
 
 def streaming_llm(q, k, v, *, capacity, n_sink=4):

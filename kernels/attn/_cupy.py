@@ -1,0 +1,101 @@
+"""Attention on tensor cores, the CUDA C tier (``flash_attention.cu``, loaded with CuPy's RawModule).
+
+- ``flash_forward``: FlashAttention-2's forward with mma.sync m16n8k16 (float16 or bfloat16 in, float32
+  accumulation) and cp.async double buffering of the K/V tiles; head dims 64 and 128 (other head dims go to the
+  Numba-CUDA tier, ``kernels/attn/_numba_cuda.py``), causal, GQA, any N.
+- ``standard_forward``: the baseline the speedups are measured against — S = Q Kᵀ by CuPy's matmul (cuBLAS),
+  the softmax kernel of ``flash_attention.cu`` over S in global memory, O = P V by CuPy's matmul.
+
+bfloat16 has no NumPy or CuPy dtype: bfloat16 tensors travel as uint16 CuPy arrays of their bit patterns
+(``to_bfloat16_bits`` / ``from_bfloat16_bits`` convert), with ``dtype="bfloat16"``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .. import _cupy
+
+SOURCE = Path(__file__).with_name("flash_attention.cu")
+HEAD_DIMS = (64, 128)  # the head dims the tensor-core kernel is built for
+BR, BC = 64, 64  # query rows per block (4 warps × 16) and keys per K/V tile
+SOFTMAX_THREADS = 256
+CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+NAMES = tuple(f"ioaware::flash_forward<{c}, {d}, {BR}, {BC}>" for c in CTYPES.values() for d in HEAD_DIMS) + tuple(
+    f"ioaware::softmax_rows<{c}, {SOFTMAX_THREADS}>" for c in CTYPES.values())
+
+
+def supported(dtype: str, d: int) -> bool:
+    """Whether the tensor-core kernel covers this dtype and head dim."""
+    return dtype in CTYPES and d in HEAD_DIMS
+
+
+def flash_shared_bytes(d: int, itemsize: int = 2) -> int:
+    """Dynamic shared memory of one block: the Q tile and two stages of K and V tiles, rows padded by 16 bytes."""
+    row = (d + 8) * itemsize
+    return (BR + 4 * BC) * row
+
+
+def flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16"):
+    """FlashAttention-2 on CuPy arrays q (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), C-contiguous, float16 (or uint16
+    bfloat16 bits with ``dtype="bfloat16"``); returns (o like q, lse float32 (B, Hq, Nq))."""
+    cupy = _cupy.require_cupy()
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if not supported(dtype, d):
+        raise ValueError(f"the tensor-core kernel takes float16/bfloat16 and head dims {HEAD_DIMS}; got {dtype}, "
+                         f"d={d} (use backend='numba-cuda')")
+    o = cupy.empty_like(q)
+    lse = cupy.empty((B, Hq, Nq), dtype=cupy.float32)
+    if B * Hq * Nq == 0:
+        return o, lse
+    shared_bytes = flash_shared_bytes(d)
+    _cupy.check_shared_memory(shared_bytes, f"flash attention tiles Br={BR}, Bc={BC}, d={d}")
+    kernel = _cupy.kernel(SOURCE, f"ioaware::flash_forward<{CTYPES[dtype]}, {d}, {BR}, {BC}>", NAMES)
+    kernel.max_dynamic_shared_size_bytes = shared_bytes
+    blockspergrid = (math.ceil(Nq / BR), B * Hq)
+    threadsperblock = (BR // 16 * 32,)
+    log2e = 1.4426950408889634  # softmax in base 2: e^x = 2^(x · log2 e)
+    kernel(blockspergrid, threadsperblock,
+           (q, k, v, o, lse, np.int32(Hq), np.int32(Hkv), np.int32(Nq), np.int32(Nk), np.float32(scale * log2e),
+            np.int32(bool(causal))), shared_mem=shared_bytes)
+    return o, lse
+
+
+def standard_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16"):
+    """S = Q Kᵀ (cuBLAS), P = softmax(S) in place (the CUDA C kernel), O = P V (cuBLAS), on float16 CuPy arrays;
+    S is B·Hq·Nq·Nk elements of device memory, refused before allocation when the device has less free."""
+    cupy = _cupy.require_cupy()
+    if dtype != "float16":
+        raise ValueError("the standard baseline runs in float16 (CuPy's matmul has no bfloat16)")
+    from .._gpu import ensure_device_fits_cupy
+
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    ensure_device_fits_cupy(B * Hq * Nq * Nk * 2, f"attention(algorithm='standard') for S of shape "
+                                                  f"({B}, {Hq}, {Nq}, {Nk}) in float16")
+    q_g = q.reshape(B, Hkv, group * Nq, d)  # the query heads of one group stacked against their kv head
+    s = cupy.matmul(q_g, k.transpose(0, 1, 3, 2)).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ, (B, Hq, Nq, Nk)
+    lse = cupy.empty((B, Hq, Nq), dtype=cupy.float32)
+    kernel = _cupy.kernel(SOURCE, f"ioaware::softmax_rows<__half, {SOFTMAX_THREADS}>", NAMES)
+    kernel((B * Hq * Nq,), (SOFTMAX_THREADS,),
+           (s, lse, np.int32(Nq), np.int32(Nk), np.float32(scale), np.int32(bool(causal))))
+    o = cupy.matmul(s.reshape(B, Hkv, group * Nq, Nk), v).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
+    return o, lse
+
+
+def to_bfloat16_bits(x):
+    """float32/float16 CuPy array -> uint16 bit patterns of bfloat16 (round to nearest even)."""
+    cupy = _cupy.require_cupy()
+    u = cupy.asarray(x, dtype=cupy.float32).view(cupy.uint32)
+    rounding = ((u >> 16) & 1) + 0x7FFF  # round half to even on the 16 bits dropped (IEEE 754)
+    return ((u + rounding) >> 16).astype(cupy.uint16)
+
+
+def from_bfloat16_bits(bits):
+    """uint16 bfloat16 bit patterns -> float32 CuPy array."""
+    cupy = _cupy.require_cupy()
+    return (bits.astype(cupy.uint32) << 16).view(cupy.float32)

@@ -1,0 +1,68 @@
+"""SnapKV on the GPU, the CUDA C tier (``snapkv.cu``, loaded with CuPy's RawModule): window votes, pooling, the
+GQA mean, a radix-select top-k per head (O(N), exact with the CPU tier's tie rule), and the gather."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .. import _cupy
+
+SOURCE = Path(__file__).with_name("snapkv.cu")
+THREADS = 256  # threads per block of the window votes and the top-k (powers of two: tree reductions and scans)
+FLAT_THREADS = 256
+NAMES = (f"ioaware::window_votes<{THREADS}>", f"ioaware::topk_radix<{THREADS}>", "ioaware::pool_rows",
+         "ioaware::group_mean", "ioaware::gather_rows<unsigned short>", "ioaware::gather_rows<float>")
+
+
+def _kernel(name):
+    return _cupy.kernel(SOURCE, name, NAMES)
+
+
+def snapkv_scores(qw, k, kernel_size: int, pooling: str, gqa: str):
+    """Pooled window votes, float32 (B, Hkv or Hq, N − w), from CuPy arrays qw (B, Hq, w, d), k (B, Hkv, N, d)."""
+    cupy = _cupy.require_cupy()
+    qw, k = _cupy.as_cupy(qw, np.float32), _cupy.as_cupy(k, np.float32)
+    B, Hq, w, d = qw.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    P = N - w
+    votes = cupy.empty((B, Hq, P), dtype=cupy.float32)
+    shared_bytes = d * 4  # the current window query
+    _kernel(f"ioaware::window_votes<{THREADS}>")((B * Hq,), (THREADS,),
+                                                 (qw, k, np.int32(Hq), np.int32(Hkv), np.int32(w), np.int32(N),
+                                                  np.int32(d), np.float32(1.0 / math.sqrt(d)), votes),
+                                                 shared_mem=shared_bytes)
+    pooled = cupy.empty_like(votes)
+    _kernel("ioaware::pool_rows")((_cupy.blocks(votes.size, FLAT_THREADS),), (FLAT_THREADS,),
+                                  (votes, np.int32(B * Hq), np.int32(P), np.int32(kernel_size),
+                                   np.int32(pooling == "max"), pooled))
+    if gqa == "per-query-head":
+        return pooled
+    mean = cupy.empty((B, Hkv, P), dtype=cupy.float32)
+    _kernel("ioaware::group_mean")((_cupy.blocks(mean.size, FLAT_THREADS),), (FLAT_THREADS,),
+                                   (pooled, np.int32(B), np.int32(Hkv), np.int32(Hq // Hkv), np.int32(P), mean))
+    return mean
+
+
+def select_and_gather(scores, k, v, n_keep: int, window: int):
+    """Top ``n_keep`` prefix positions per head (ties to the lower position) and the window, and their K and V
+    rows; scores (B, H, N − w) float32, k and v (B, Hkv, N, d) of a 2- or 4-byte dtype. Returns (k_c, v_c, kept)."""
+    cupy = _cupy.require_cupy()
+    B, H, P = scores.shape
+    Hkv, N, d = k.shape[1], k.shape[2], k.shape[3]
+    C = n_keep + window
+    kept = cupy.empty((B, H, C), dtype=cupy.int64)
+    _kernel(f"ioaware::topk_radix<{THREADS}>")((B * H,), (THREADS,),
+                                               (scores, np.int32(P), np.int32(n_keep), np.int32(window),
+                                                np.int32(N), kept))
+    k_c = cupy.empty((B, H, C, d), dtype=k.dtype)
+    v_c = cupy.empty_like(k_c)
+    element = {2: "unsigned short", 4: "float"}[k.dtype.itemsize]
+    view = {2: cupy.uint16, 4: cupy.float32}[k.dtype.itemsize]
+    if k_c.size:
+        _kernel(f"ioaware::gather_rows<{element}>")(
+            (_cupy.blocks(k_c.size, FLAT_THREADS),), (FLAT_THREADS,),
+            (k.view(view), v.view(view), kept, np.int32(B), np.int32(H), np.int32(Hkv), np.int32(N), np.int32(C),
+             np.int32(d), k_c.view(view), v_c.view(view)))
+    return k_c, v_c, kept

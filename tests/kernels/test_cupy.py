@@ -1,0 +1,82 @@
+"""The CUDA C tier (tensor cores, via CuPy) against the float64 oracles and the CPU tier. Needs CuPy and a CUDA
+device: skipped elsewhere (the CI compiles these kernels instead, tests/kernels/test_cuda_compile.py, and
+``python -m simulator gpu-check`` runs them at real sizes on a lent GPU)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import _gpu
+
+if _gpu.cupy_module() is None or _gpu.simulated():
+    pytest.skip("needs CuPy and a CUDA device (NUMBA_ENABLE_CUDASIM off)", allow_module_level=True)
+
+import cupy  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import int8, kvprune  # noqa: E402
+from kernels.attn import _cupy as tier2  # noqa: E402
+from kernels.attn import reference  # noqa: E402
+from tests.conftest import assert_close  # noqa: E402
+from tests.kernels.test_attn import plain_attention  # noqa: E402
+
+# (B, Hq, Hkv, Nq, Nk, d, causal): N not a multiple of the 64-row tiles, smaller than one, GQA, Nq != Nk both ways
+GRID = [(1, 2, 2, 64, 64, 64, False), (1, 4, 2, 200, 200, 64, True), (2, 3, 1, 17, 300, 128, True),
+        (1, 2, 2, 130, 50, 128, True), (1, 2, 1, 1, 1000, 64, False)]
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "standard"])
+@pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, causal", GRID)
+def test_float16_attention_within_flash_attn_rule(rng, B, Hq, Hkv, Nq, Nk, d, causal, algorithm):
+    q = rng.standard_normal((B, Hq, Nq, d)).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float16)
+    v = rng.standard_normal((B, Hkv, Nk, d)).astype(np.float16)
+    o = kernels.attention(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=causal, algorithm=algorithm)
+    assert isinstance(o, cupy.ndarray) and o.dtype == cupy.float16
+    assert_close(cupy.asnumpy(o), reference(q, k, v, causal=causal), np.float16,
+                 plain=plain_attention(q, k, v, causal))
+
+
+def test_bfloat16_bits_round_trip_and_attention(rng):
+    q, k, v = (rng.standard_normal((1, 2, 129, 64)).astype(np.float32) for _ in range(3))
+    bits = [tier2.to_bfloat16_bits(cupy.asarray(x)) for x in (q, k, v)]
+    rounded = [cupy.asnumpy(tier2.from_bfloat16_bits(b)) for b in bits]
+    assert all(np.abs(r - x).max() <= 2.0**-8 * np.abs(x).max() for r, x in zip(rounded, (q, k, v)))
+    o_bits, lse = tier2.flash_forward(*bits, 1 / 8, True, dtype="bfloat16")
+    o = cupy.asnumpy(tier2.from_bfloat16_bits(o_bits))
+    ref, ref_lse = reference(*rounded, causal=True, return_lse=True)
+    assert np.abs(o - ref).max() < 2e-2
+    np.testing.assert_allclose(cupy.asnumpy(lse), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+def test_unsupported_dtype_or_head_dim_is_refused_or_routed(rng):
+    q = cupy.asarray(rng.standard_normal((1, 2, 8, 80)).astype(np.float16))
+    with pytest.raises(ValueError, match="backend='cupy' takes float16 inputs with head dim 64 or 128"):
+        kernels.attention(q, q, q, backend="cupy")
+    o = kernels.attention(q, q, q)  # "auto": d = 80 goes to the Numba-CUDA tier
+    assert o.shape == q.shape
+
+
+@pytest.mark.parametrize("m, k, n, n_out", [(1, 64, 32, 0), (17, 300, 130, 2), (64, 1000, 96, 7)])
+def test_int8_matmul_equals_the_cpu_tier(rng, m, k, n, n_out):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[:, rng.choice(k, n_out, replace=False)] *= 20.0
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    got = cupy.asnumpy(int8.int8_matmul(cupy.asarray(x), cupy.asarray(w), backend="cupy"))
+    cpu = int8.int8_matmul(x, w, backend="cpu")
+    np.testing.assert_allclose(got, cpu, rtol=1e-6, atol=1e-6 * np.abs(cpu).max())
+    layer = int8.Int8Weight.from_float(w, keep_fp16_weights=True)
+    np.testing.assert_allclose(int8.int8_matmul(x, layer, backend="cupy"), int8.int8_matmul(x, layer),
+                               rtol=1e-6, atol=1e-6 * np.abs(cpu).max())
+
+
+@pytest.mark.parametrize("gqa", ["mean", "per-query-head"])
+@pytest.mark.parametrize("hq, hkv, n, capacity, window", [(4, 2, 700, 100, 16), (2, 2, 3000, 512, 32)])
+def test_snapkv_kept_sets_equal_the_oracle(rng, hq, hkv, n, capacity, window, gqa):
+    q = rng.standard_normal((1, hq, n, 32)).astype(np.float32)
+    k = rng.standard_normal((1, hkv, n, 32)).astype(np.float32)
+    v = rng.standard_normal((1, hkv, n, 32)).astype(np.float32)
+    k_c, v_c, kept = kvprune.snapkv_compress(q, k, v, capacity=capacity, window=window, gqa=gqa, backend="cupy")
+    assert np.array_equal(kept, kvprune.snapkv_kept_reference(q, k, capacity=capacity, window=window, gqa=gqa))
+    heads = np.repeat(k, kept.shape[1] // hkv, axis=1)
+    assert np.array_equal(k_c, np.take_along_axis(heads, kept[..., None], axis=2))
