@@ -21,6 +21,7 @@ import numpy as np
 
 import kernels
 from kernels._cpuinfo import user_cache_dir
+from kernels.dense import matmul_nt
 
 from .configs import get_config
 
@@ -82,16 +83,6 @@ def load_tokenizer(reader):
     return tok
 
 
-DECODE_ROWS = 16  # forward calls with at most this many tokens run NumPy's BLAS single-threaded
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_controller():
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
 def cache_policy(name, **options):
     """A KV-cache policy for ``SmolLM2.generate``: "full" (None), "snapkv", "streaming" (StreamingLLM) or "h2o",
     with the options of the matching ``kernels.kvprune`` function (``capacity=...`` and so on)."""
@@ -121,25 +112,27 @@ def chat_prompt(question: str, system: str = DEFAULT_SYSTEM) -> str:
 
 @dataclass
 class Layer:
+    """One block's weights. The query, key and value projections are one linear (their weights stacked along the
+    outputs), and so are the gate and up projections: they read the same input, so one product (and, for int8,
+    one outlier scan and one quantization of the input) serves each pair or triple. The results are those of
+    the separate layers: outputs are independent columns, and LLM.int8() scales each column on its own."""
+
     attn_norm: np.ndarray
-    wq: object  # callables x (N, in) -> (N, out): NumPy matmuls or kernels.int8 layers
-    wk: object
-    wv: object
+    wqkv: object  # callables x (N, in) -> (N, out): dense or kernels.int8 layers; (N, hidden + 2·kv_dim)
     wo: object
     ffn_norm: np.ndarray
-    w_gate: object
-    w_up: object
+    w_gate_up: object  # (N, 2·intermediate)
     w_down: object
 
 
 class _Dense:
-    """x @ Wᵀ for a weight stored (out, in) as the GGUF does."""
+    """x @ Wᵀ for a weight stored (out, in) as the GGUF does (``kernels.dense.matmul_nt``)."""
 
     def __init__(self, w):
-        self.w_t = np.ascontiguousarray(w.T)  # (in, out)
+        self.w = np.ascontiguousarray(w, dtype=np.float32)  # (out, in)
 
     def __call__(self, x):
-        return x @ self.w_t
+        return matmul_nt(x, self.w)
 
 
 def _linear(w, mode, keep_fp16_weights=False):
@@ -160,9 +153,12 @@ class SmolLM2:
     ``kernels.attention`` (9 query heads, 3 kv heads), SwiGLU MLP, LM head tied to the token embedding."""
 
     def __init__(self, gguf_path=None, *, linear="fp32", attention="flash", keep_fp16_weights=False,
-                 weights=None):
+                 quantize_lm_head=False, weights=None):
         """``linear``: "fp32", "int8" (LLM.int8(), int8 weights only, as bitsandbytes stores them; with
-        ``keep_fp16_weights=True`` the paper's float16 outlier rows) or "naive-int8" (one absmax per tensor).
+        ``keep_fp16_weights=True`` the paper's float16 outlier rows) or "naive-int8" (one absmax per tensor), for
+        the linear layers of every block. ``quantize_lm_head``: the LM head (tied to the token embedding, 113 MB
+        of float32 read per decoded token) in that precision too; by default it stays float32, as bitsandbytes
+        leaves ``lm_head``, and the embedding lookup is always float32.
         ``attention``: "flash" or "standard". ``weights``: instead of the GGUF, a ``(config, tensors)`` pair with
         tensors named and shaped as in the GGUF (for tests with small random models; no tokenizer then)."""
         self.attention_algorithm = attention
@@ -177,18 +173,20 @@ class SmolLM2:
             self.tokenizer = load_tokenizer(reader)
             self.eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
             tensors = {t.name: gguf.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
-        self.embedding = tensors["token_embd.weight"]  # (vocab, hidden), also the LM head
+        self.embedding = np.ascontiguousarray(tensors["token_embd.weight"])  # (vocab, hidden), tied LM head
+        self.lm_head = _linear(self.embedding, linear if quantize_lm_head else "fp32", keep_fp16_weights)
         self.final_norm = tensors["output_norm.weight"]
         self.layers = []
         for i in range(self.config.n_layers):
             p = f"blk.{i}."
 
-            def lin(name, prefix=p):
-                return _linear(tensors[prefix + name + ".weight"], linear, keep_fp16_weights)
+            def lin(*names, prefix=p):  # (out, in) weights, stacked along the outputs
+                w = np.concatenate([tensors[prefix + name + ".weight"] for name in names], axis=0)
+                return _linear(w, linear, keep_fp16_weights)
 
-            self.layers.append(Layer(tensors[p + "attn_norm.weight"], lin("attn_q"), lin("attn_k"), lin("attn_v"),
-                                     lin("attn_output"), tensors[p + "ffn_norm.weight"], lin("ffn_gate"),
-                                     lin("ffn_up"), lin("ffn_down")))
+            self.layers.append(Layer(tensors[p + "attn_norm.weight"], lin("attn_q", "attn_k", "attn_v"),
+                                     lin("attn_output"), tensors[p + "ffn_norm.weight"], lin("ffn_gate", "ffn_up"),
+                                     lin("ffn_down")))
         d = self.config.head_dim
         # rotary frequencies (Su et al. 2021, RoFormer eq. 15): theta_i = base^(-2i/d), i < d/2
         self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
@@ -218,14 +216,6 @@ class SmolLM2:
         return [[None, None] for _ in self.layers]
 
     def forward(self, token_ids, cache, start, *, logits=True, queries=None):
-        if len(token_ids) > DECODE_ROWS:
-            return self._forward(token_ids, cache, start, logits=logits, queries=queries)
-        # a decode step alternates NumPy's BLAS and Numba's threads 30 times per token: with both pools at 2
-        # threads they spin against each other (measured 3.9 tokens/s); BLAS on the calling thread: 26 tokens/s
-        with _blas_controller().limit(limits=1, user_api="blas"):
-            return self._forward(token_ids, cache, start, logits=logits, queries=queries)
-
-    def _forward(self, token_ids, cache, start, *, logits=True, queries=None):
         """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``
         (the final-normed hidden states (N, hidden) instead with ``logits=False``). A list passed as ``queries``
         receives each layer's rotated queries (Hq, N, d), which a cache policy such as SnapKV scores."""
@@ -236,9 +226,11 @@ class SmolLM2:
         rotation = self._rotation(positions)
         for layer, kv in zip(self.layers, cache):
             h = self._rms_norm(x, layer.attn_norm)
-            q = layer.wq(h).reshape(n, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hq, N, d)
-            k = layer.wk(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hkv, N, d)
-            v = layer.wv(h).reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
+            qkv = layer.wqkv(h)  # (N, hidden + 2·kv_dim)
+            kv_dim = cfg.n_kv_heads * cfg.head_dim
+            q = qkv[:, :cfg.hidden].reshape(n, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hq, N, d)
+            k = qkv[:, cfg.hidden:cfg.hidden + kv_dim].reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
+            v = qkv[:, cfg.hidden + kv_dim:].reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
             q, k = self._rope(q, positions, rotation), self._rope(k, positions, rotation)
             if queries is not None:
                 queries.append(q)
@@ -248,10 +240,11 @@ class SmolLM2:
                                   algorithm=self.attention_algorithm)  # (Hq, N, d)
             x = x + layer.wo(o.transpose(1, 0, 2).reshape(n, cfg.hidden))
             h = self._rms_norm(x, layer.ffn_norm)
-            gate = layer.w_gate(h)
-            x = x + layer.w_down(gate / (1.0 + np.exp(-gate)) * layer.w_up(h))  # SwiGLU (Shazeer 2020)
+            gate_up = layer.w_gate_up(h)  # (N, 2·intermediate)
+            gate, up = gate_up[:, :cfg.intermediate], gate_up[:, cfg.intermediate:]
+            x = x + layer.w_down(gate / (1.0 + np.exp(-gate)) * up)  # SwiGLU (Shazeer 2020)
         h = self._rms_norm(x, self.final_norm)
-        return h @ self.embedding.T if logits else h  # (N, vocab): the LM head is the token embedding
+        return self.lm_head(h) if logits else h  # (N, vocab)
 
     def negative_log_likelihood(self, token_ids, chunk=256):
         """Σ −log p(token_t | tokens < t) over t = 1 .. N − 1, one prefill, the LM head applied in chunks."""
@@ -260,7 +253,7 @@ class SmolLM2:
         total = 0.0
         for r0 in range(0, ids.size - 1, chunk):
             r1 = min(r0 + chunk, ids.size - 1)
-            z = (hidden[r0:r1] @ self.embedding.T).astype(np.float64)  # (rows, vocab)
+            z = self.lm_head(hidden[r0:r1]).astype(np.float64)  # (rows, vocab)
             m = z.max(axis=1)
             lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
             total += float((lse - z[np.arange(r1 - r0), ids[r0 + 1:r1 + 1]]).sum())
@@ -269,7 +262,7 @@ class SmolLM2:
     def outlier_statistics(self, token_ids, threshold=6.0):
         """Per layer and per linear, how many hidden dimensions of the linear's input reach |x| >= threshold over
         the tokens of one prefill (the emergent outlier features of LLM.int8(), §4). Returns a list of dicts."""
-        names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+        names = ("wqkv", "wo", "w_gate_up", "w_down")
         rows = []
         originals = [{name: getattr(layer, name) for name in names} for layer in self.layers]
 

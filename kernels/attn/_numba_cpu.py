@@ -66,6 +66,20 @@ def _as_float(typingctx, bits):
     return result(bits), codegen
 
 
+@intrinsic
+def _as_int(typingctx, value):
+    """Reinterpret the bits of a float32 as an int32, or of a float64 as an int64 (no conversion)."""
+    targets = {types.float32: (types.int32, ir.IntType(32)), types.float64: (types.int64, ir.IntType(64))}
+    if value not in targets:
+        return None
+    result, llvm_type = targets[value]
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_type)
+
+    return result(value), codegen
+
+
 @njit(inline="always")
 def _clamp(x, lo, hi):
     """x limited to [lo, hi]; unlike min/max, a NaN x stays NaN (each comparison is false for it)."""

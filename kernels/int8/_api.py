@@ -11,7 +11,7 @@ from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel acce
 
 from .. import _gpu
 from . import _numba_cpu
-from ._numba_cpu import MAX_EXACT_K, QMAX
+from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
 GEMM_TILE = (32, 128)  # BM rows of X by BN rows of Wᵀ per task (measured: 32x128, 64x64, 128x32 within 5%)
 
@@ -122,6 +122,16 @@ def int8_gemm(x_i8, w_i8_t):
 def _split_matmul(x, weight: Int8Weight, threshold):
     """The decomposition itself; returns (y float32 (M, N), outlier column indices)."""
     M, K = x.shape
+    if K > MAX_EXACT_K:
+        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
+    if M <= SMALL_M:
+        return _split_gemv(x, weight, threshold)
+    return _split_matmul_kernels(x, weight, threshold)
+
+
+def _split_matmul_kernels(x, weight: Int8Weight, threshold):
+    """Detection, quantization, int8 GEMM, dequantization and the outlier product as five Numba kernels."""
+    M, K = x.shape
     flags = np.zeros(K, dtype=np.bool_)
     if threshold > 0:
         _numba_cpu.outlier_flags(x, np.float32(threshold), flags)
@@ -140,6 +150,17 @@ def _split_matmul(x, weight: Int8Weight, threshold):
         w_out = weight.outlier_rows_fp16(outliers).astype(np.float32)  # (J, N)
         _numba_cpu.add_outlier_product(x_out, w_out, y)
     return y, outliers
+
+
+def _split_gemv(x, weight: Int8Weight, threshold):
+    """The decomposition for a few rows in one Numba launch (weights kept as int8 only), or, with a kept float16
+    copy, the five-kernel path (Numba has no float16 arrays on the CPU)."""
+    if weight.w_fp16 is not None:
+        return _split_matmul_kernels(x, weight, threshold)
+    flags = np.empty(x.shape[1], dtype=np.bool_)
+    y = np.empty((x.shape[0], weight.w_i8_t.shape[0]), dtype=np.float32)
+    _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8_t, weight.absmax, y, flags)
+    return y, np.flatnonzero(flags)
 
 
 def _as_weight(w, keep_fp16_weights=False):

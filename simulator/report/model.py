@@ -34,15 +34,13 @@ def model_section(ctx: RunContext) -> Section:
         if outliers is None:
             outliers = model.outlier_statistics(ids)
         if label in ("fp32", "int8 (int8 weights only)") or (ctx.quick and options["linear"] == "int8"):
-            prompt = model.encode("Once upon a time")
-            model.generate(prompt, 2)
-            timings = {}
-            out = model.generate(prompt, 24, timings=timings)
-            weight_bytes = (model.config.n_layers * sum(i * o for i, o in model.config.linear_shapes())
-                            * (4 if options["linear"] == "fp32" else 1) + model.embedding.nbytes)
-            speed.append({"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
-                          "weight_bytes_per_token": weight_bytes,
-                          "bound_tokens_per_s": f"{ctx.cpu.hbm_bandwidth / weight_bytes:.3g}"})
+            speed.append(_decode_speed(ctx, model, label, options["linear"] == "fp32", False))
+    if not ctx.quick:
+        ctx.step("SmolLM2 int8 with an int8 LM head")
+        model = SmolLM2(path, linear="int8", quantize_lm_head=True)
+        rows.append({"variant": "int8 (int8 weights only) + int8 LM head", "tokens": n_tokens,
+                     "perplexity": f"{model.perplexity(ids):.4g}"})
+        speed.append(_decode_speed(ctx, model, "int8 + int8 LM head", False, True))
     write_csv(ctx.directory / "smollm2_perplexity.csv", rows)
     write_csv(ctx.directory / "smollm2_outliers.csv", outliers)
     write_csv(ctx.directory / "smollm2_decode.csv", speed)
@@ -61,11 +59,25 @@ def model_section(ctx: RunContext) -> Section:
             f"products) against {other} in all other linears together, so that is where the float16 path "
             f"works.\n\n![outlier dimensions per layer](smollm2_outliers.png)\n\n"
             f"Decode (one token at a time, 24 tokens): {speed_text}; the bound is the weight bytes read per token "
-            f"over the calibrated DRAM bandwidth (the tied LM head stays float32).\n\n"
+            f"over this machine's calibrated DRAM bandwidth. The tied LM head stays float32 unless quantized too.\n\n"
             f"Data: [smollm2_perplexity.csv](smollm2_perplexity.csv), [smollm2_outliers.csv](smollm2_outliers.csv), "
             f"[smollm2_decode.csv](smollm2_decode.csv)\n")
     return Section("SmolLM2-135M on these kernels", body, ("smollm2_perplexity.csv", "smollm2_outliers.csv",
                                                            "smollm2_outliers.png", "smollm2_decode.csv"))
+
+
+def _decode_speed(ctx, model, label, fp32, int8_head):
+    """Decode tokens/s (24 tokens after a warm-up) beside the bound: weight bytes per token over the calibrated
+    DRAM bandwidth (the block linears in their precision, the tied LM head float32 unless quantized)."""
+    prompt = model.encode("Once upon a time")
+    model.generate(prompt, 2)
+    timings = {}
+    out = model.generate(prompt, 24, timings=timings)
+    weight_bytes = (model.config.n_layers * sum(i * o for i, o in model.config.linear_shapes()) * (4 if fp32 else 1)
+                    + model.embedding.size * (1 if int8_head else 4))
+    return {"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
+            "weight_bytes_per_token": weight_bytes,
+            "bound_tokens_per_s": f"{ctx.cpu.hbm_bandwidth / weight_bytes:.3g}"}
 
 
 def plot_outliers(directory) -> None:

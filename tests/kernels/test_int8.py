@@ -72,6 +72,47 @@ def test_split_matmul_equals_the_oracle(rng, m, k, n, n_out, keep_fp16):
         assert layer.outlier_dims.size == 0 and np.abs(x).max() < 6
 
 
+def test_round_to_float16_equals_numpys_conversion(rng):
+    from numba import njit
+
+    from kernels.int8._numba_cpu import round_to_float16
+
+    @njit
+    def rounded(v):
+        out = np.empty_like(v)
+        for i in range(v.size):
+            out[i] = round_to_float16(v[i])
+        return out
+
+    halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = halves[np.isfinite(halves)].astype(np.float32)
+    below, above = np.nextafter(finite, -np.inf), np.nextafter(finite, np.inf)
+    ordered = np.sort(finite)
+    midpoints = ((ordered[:-1].astype(np.float64) + ordered[1:]) / 2).astype(np.float32)  # exact ties
+    v = np.concatenate([finite, below, above, midpoints, rng.standard_normal(10**5).astype(np.float32) * 1e3,
+                        rng.standard_normal(10**5).astype(np.float32) * 1e-6,
+                        np.array([65519.0, 65520.0, -65520.0, 7e4, np.inf, -np.inf, 0.0, -0.0], np.float32)])
+    with np.errstate(over="ignore"):
+        expected = v.astype(np.float16).astype(np.float32)
+    assert np.array_equal(rounded(v), expected)
+    assert np.isnan(rounded(np.array([np.nan], np.float32)))[0]
+
+
+@pytest.mark.parametrize("keep_fp16", [False, True])
+@pytest.mark.parametrize("m, n_out", [(1, 0), (1, 3), (7, 2), (16, 5)])
+def test_the_one_launch_decode_path_equals_the_five_kernel_path(rng, monkeypatch, m, n_out, keep_fp16):
+    from kernels.int8 import _api
+
+    x, w, _ = planted(rng, m, 300, 130, n_out)
+    layer = Int8Linear.from_float(w, keep_fp16_weights=keep_fp16)
+    small = layer(x)  # M <= SMALL_M: one Numba launch
+    small_dims = layer.outlier_dims
+    monkeypatch.setattr(_api, "SMALL_M", 0)  # every M through the five kernels
+    large = layer(x)
+    assert np.array_equal(small_dims, layer.outlier_dims)
+    np.testing.assert_allclose(small, large, rtol=1e-6, atol=1e-6 * np.abs(large).max())
+
+
 def test_every_column_an_outlier_runs_only_the_float16_path(rng):
     x, w, _ = planted(rng, 4, 40, 16, 40)
     layer = Int8Linear.from_float(w, keep_fp16_weights=True)

@@ -1,0 +1,50 @@
+"""Dense float32 layers stored as (out, in), the way checkpoints store them: ``matmul_nt(x, w) = x · wᵀ``.
+
+Many rows (a prefill) go to NumPy's BLAS, which reads wᵀ in place. A few rows (a decode step) go to a Numba GEMV:
+every output is a dot product of two contiguous rows, split over Numba's threads. A decode step then runs all
+its products in Numba's thread pool, and NumPy's BLAS threads never wake between them: on 2 cores the two pools
+spun against each other after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
+the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
+BLOCK_N = 64  # output features per task
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _gemv_nt(x, w, out):
+    """out[m, n] = Σ_k x[m, k] · w[n, k] for float32 x (M, K), w (N, K); fastmath lets the sum vectorize."""
+    M, K = x.shape
+    N = w.shape[0]
+    for block in prange((N + BLOCK_N - 1) // BLOCK_N):
+        for n in range(block * BLOCK_N, min(block * BLOCK_N + BLOCK_N, N)):
+            for m in range(M):
+                acc = np.float32(0.0)
+                for k in range(K):
+                    acc += x[m, k] * w[n, k]
+                out[m, n] = acc
+
+
+def matmul_nt(x, w):
+    """x (M, K) · wᵀ for a float32 weight w (N, K) stored (out, in); returns float32 (M, N).
+
+    Parameters
+    ----------
+    x : ndarray (M, K), float32
+    w : ndarray (N, K), float32, C-contiguous
+
+    Returns
+    -------
+    ndarray (M, N), float32
+    """
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x (M, K) and w (N, K) must share K; got x {x.shape}, w {w.shape}")
+    if x.shape[0] > GEMV_ROWS:
+        return x @ w.T
+    out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+    _gemv_nt(np.ascontiguousarray(x, dtype=np.float32), w, out)
+    return out
