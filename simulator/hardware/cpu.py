@@ -71,18 +71,22 @@ def calibrate() -> HardwareSpec:
     caches = cache_sizes()
     l2 = caches.get("L2", 2**20)
     cores = os.cpu_count() or 1
-    fp32 = sgemm_flops()
+    # Numba's parallel regions first, NumPy's BLAS last: OpenBLAS's threads spin for a while after an sgemm, and
+    # a triad of a few microseconds run beside them measured 8 ms per call (seen after the model tests)
     cache_bw = triad_bandwidth(l2 // 4)  # three arrays that fit in L2 together, split over the cores
+    dram_bw = triad_bandwidth(TRIAD_DRAM_BYTES)
+    launch_s = launch_overhead()
+    fp32 = sgemm_flops()
     spec = HardwareSpec(
         name=f"cpu ({_machine_id()})", kind="cpu",
         hbm_bytes=float(psutil.virtual_memory().total),
-        hbm_bandwidth=triad_bandwidth(TRIAD_DRAM_BYTES),
+        hbm_bandwidth=dram_bw,
         l2_bytes=float(caches.get("L3", l2)),  # the last-level cache plays the GPU L2's part
         sram_per_sm_bytes=float(l2),  # one core's L2 plays the SM's shared memory
         sm_count=cores, clock_hz=0.0,
         fp32_flops=fp32, fp16_flops=fp32, bf16_flops=fp32,  # half precision is computed in float32 on the CPU
         int8_ops=fp32,  # until the int8 kernels are measured, int8 work is predicted at the sgemm rate
-        launch_overhead_s=launch_overhead(),
+        launch_overhead_s=launch_s,
         sram_bandwidth_measured=cache_bw,
         measured_on=_dt.date.today().isoformat(),
     )
