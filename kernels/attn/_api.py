@@ -11,7 +11,7 @@ from .._blas import single_threaded_blas
 from ._blocks import default_blocks
 from ._memory import ensure_fits
 from ._standard import standard_forward
-from ._validate import COMPUTE_DTYPE, normalize, validate
+from ._validate import COMPUTE_DTYPE, as_compute_4d, validate
 
 ALGORITHMS = ("flash", "standard")
 BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
@@ -193,8 +193,8 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     if backend == "numba-cuda":
         o, lse = _on_numba_cuda(q, k, v, scale, bool(causal), algorithm, block_q, block_k)
         return (o, lse) if return_lse else o
-    q4, k4, v4, scale, shape = normalize(q, k, v, causal=causal, scale=scale, block_q=block_q,
-                                           block_k=block_k)
+    q4, k4, v4 = as_compute_4d(q, k, v)
+    shape = q.shape
     if algorithm == "standard":
         o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
     else:

@@ -89,10 +89,15 @@ def normalize(q, k, v, *, causal, scale, block_q, block_k):
     Returns ``(q4, k4, v4, scale, q_shape)``; ``q_shape`` is the shape of the output.
     """
     scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+    return (*as_compute_4d(q, k, v), scale, q.shape)
+
+
+def as_compute_4d(q, k, v):
+    """Validated NumPy q, k, v as C-contiguous (B, H, N, d) arrays in the compute dtype."""
     compute = COMPUTE_DTYPE[q.dtype]
 
     def as4d(x):
         x = x.reshape((1,) * (4 - x.ndim) + x.shape)  # (B, H, N, d)
         return np.ascontiguousarray(x, dtype=compute)
 
-    return as4d(q), as4d(k), as4d(v), scale, q.shape
+    return as4d(q), as4d(k), as4d(v)
