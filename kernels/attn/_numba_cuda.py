@@ -24,6 +24,7 @@ import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
 from .. import _gpu
+from .._numba_cuda_device import block_max, block_sum
 
 # Launch shapes of the standard algorithm and the split combine. Under Numba's simulator every thread is a Python
 # thread, so there the blocks shrink (the kernels take any power-of-two size; the tests run both).
@@ -271,31 +272,14 @@ def _standard_kernels(T: int, THREADS: int, dtype: str):
         m = fl(-math.inf)
         for j in range(t, n, THREADS):
             m = max(m, s[row, j])
-        red[t] = m
-        cuda.syncthreads()
-        width = THREADS // 2
-        while width > 0:
-            if t < width:
-                red[t] = max(red[t], red[t + width])
-            cuda.syncthreads()
-            width //= 2
-        m = red[0]
-        cuda.syncthreads()  # every thread has read the max before red is reused
+        m = block_max(red, m)
         total = fl(0.0)
         if m > -math.inf:
             for j in range(t, n, THREADS):
                 e = math.exp(s[row, j] - m)
                 s[row, j] = e
                 total += e
-        red[t] = total
-        cuda.syncthreads()
-        width = THREADS // 2
-        while width > 0:
-            if t < width:
-                red[t] += red[t + width]
-            cuda.syncthreads()
-            width //= 2
-        total = red[0]
+        total = block_sum(red, total)
         for j in range(t, n, THREADS):
             s[row, j] = s[row, j] / total if total > 0.0 else fl(0.0)
         if t == 0:

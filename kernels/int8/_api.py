@@ -174,29 +174,37 @@ def _as_weight(w, keep_fp16_weights=False):
 BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
 
 
+def _check_gpu_call(x, w, threshold):
+    """The checks both GPU tiers make: (weight or None, K, N, x's shape, threshold). ``weight`` is the
+    ``Int8Weight`` when w is pre-quantized, None when w is a float matrix to quantize on the device."""
+    _check_any_float("x", x, "vectors")
+    weight = None
+    if isinstance(w, (Int8Weight, Int8Linear)):
+        weight = _as_weight(w)
+        K, N = weight.shape
+    else:
+        _check_any_float("w", w, "matrix")
+        K, N = tuple(w.shape)
+    x_shape = tuple(x.shape)  # (a simulator array's shape is no tuple)
+    if x_shape[-1] != K:
+        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (first axis)")
+    if K > MAX_EXACT_K:
+        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
+    return weight, K, N, x_shape, _check_threshold(threshold)
+
+
 def _int8_matmul_numba_cuda(x, w, threshold):
     """``int8_matmul`` on the Numba-CUDA tier: NumPy in, NumPy out; device arrays in, device arrays out."""
     from . import _numba_cuda
 
     on_host = isinstance(x, np.ndarray)
-    _check_any_float("x", x, "vectors")
-    if isinstance(w, (Int8Weight, Int8Linear)):
-        weight = _as_weight(w)
-        w_i8_t, absmax_w = _gpu.to_numba(weight.w_i8_t), _gpu.to_numba(weight.absmax)
+    weight, K, N, x_shape, threshold = _check_gpu_call(x, w, threshold)
+    if weight is not None:
         if weight.w_fp16 is not None:
             raise ValueError("backend='numba-cuda' dequantizes the outlier rows from int8; an Int8Weight with "
                              "keep_fp16_weights is CPU-only")
-        K, N = weight.shape
+        w_i8_t, absmax_w = _gpu.to_numba(weight.w_i8_t), _gpu.to_numba(weight.absmax)
     else:
-        _check_any_float("w", w, "matrix")
-        K, N = tuple(w.shape)
-    x_shape = tuple(x.shape)
-    if x_shape[-1] != K:
-        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (first axis)")
-    if K > MAX_EXACT_K:
-        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
-    threshold = _check_threshold(threshold)
-    if not isinstance(w, (Int8Weight, Int8Linear)):
         w_dev = _numba_cuda.cast_f32(_gpu.to_numba(np.ascontiguousarray(w, dtype=np.float32) if on_host
                                                     else _gpu.contiguous(w)))
         w_i8_t, absmax_w = _numba_cuda.quantize_weight(w_dev)
@@ -213,26 +221,15 @@ def _int8_matmul_cupy(x, w, threshold):
 
     cupy = _cupy.require_cupy()
     on_host = isinstance(x, np.ndarray)
-    _check_any_float("x", x, "vectors")
+    weight, K, N, x_shape, threshold = _check_gpu_call(x, w, threshold)
     w_fp16 = None
-    if isinstance(w, (Int8Weight, Int8Linear)):
-        weight = _as_weight(w)
-        K, N = weight.shape
-        w_i8_t = cupy.zeros((N, tier2.padded(K)), dtype=cupy.int8)
+    if weight is not None:
+        w_i8_t = cupy.zeros((N, tier2.padded(K)), dtype=cupy.int8)  # K padded with zeros (16-byte rows)
         w_i8_t[:, :K] = cupy.asarray(weight.w_i8_t)
         absmax_w = cupy.asarray(weight.absmax)
         if weight.w_fp16 is not None:
             w_fp16 = cupy.asarray(weight.w_fp16)
     else:
-        _check_any_float("w", w, "matrix")
-        K, N = tuple(w.shape)
-    x_shape = tuple(x.shape)
-    if x_shape[-1] != K:
-        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (first axis)")
-    if K > MAX_EXACT_K:
-        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
-    threshold = _check_threshold(threshold)
-    if not isinstance(w, (Int8Weight, Int8Linear)):
         w_i8_t, absmax_w = tier2.quantize_weight(_cupy.as_cupy(w, np.float32))
     x2d = _cupy.as_cupy(x, np.float32).reshape(math.prod(x_shape[:-1]), K)
     y, _, _ = tier2.split_matmul(x2d, w_i8_t, absmax_w, threshold, w_fp16)

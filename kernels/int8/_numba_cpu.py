@@ -56,17 +56,22 @@ def quantize_rows(x, skip, x_i8, absmax):
     gathering. One pass over memory: each row is read once, its absmax taken and its values quantized while it
     is in cache. scale = 127 / absmax (float32), q = round-half-even(x · scale); an all-zero row gives zeros.
     """
-    M, K = x.shape
-    for m in prange(M):
-        amax = np.float32(0.0)
-        for k in range(K):
-            a = abs(x[m, k])
-            if a > amax and not skip[k]:
-                amax = a
-        absmax[m] = amax
-        scale = np.float32(QMAX) / amax if amax > 0 else np.float32(0.0)
-        for k in range(K):
-            x_i8[m, k] = 0 if skip[k] else np.int8(np.rint(x[m, k] * scale))
+    for m in prange(x.shape[0]):
+        _quantize_row(x, m, skip, x_i8, absmax)
+
+
+@njit(inline="always")
+def _quantize_row(x, m, skip, x_i8, absmax):
+    """Row m of ``quantize_rows``: absmax over the unskipped columns, then the rounding."""
+    amax = np.float32(0.0)
+    for k in range(x.shape[1]):
+        a = abs(x[m, k])
+        if a > amax and not skip[k]:
+            amax = a
+    absmax[m] = amax
+    scale = np.float32(QMAX) / amax if amax > 0 else np.float32(0.0)
+    for k in range(x.shape[1]):
+        x_i8[m, k] = 0 if skip[k] else np.int8(np.rint(x[m, k] * scale))
 
 
 @njit(parallel=True, cache=True)
@@ -197,15 +202,7 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
     for m in range(M):
         for j in range(J):
             x_o[m, j] = round_to_float16(x[m, cols[j]])
-        amax = np.float32(0.0)
-        for k in range(K):
-            a = abs(x[m, k])
-            if a > amax and not flags[k]:
-                amax = a
-        absmax_x[m] = amax
-        scale = np.float32(QMAX) / amax if amax > 0 else np.float32(0.0)
-        for k in range(K):
-            x_i8[m, k] = 0 if flags[k] else np.int8(np.rint(x[m, k] * scale))
+        _quantize_row(x, m, flags, x_i8, absmax_x)
     inv = np.float32(1.0 / (QMAX * QMAX))
     for block in prange((N + GEMV_BN - 1) // GEMV_BN):
         for n in range(block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)):

@@ -27,6 +27,7 @@ import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
 from .. import _gpu
+from .._numba_cuda_device import block_max
 from ._numba_cpu import QMAX
 
 # Under the simulator every thread is a Python thread: smaller blocks there (any power of two works).
@@ -64,15 +65,7 @@ def _kernels(T: int, THREADS: int):
             a = abs(x[row, col])
             if a > amax and not skip[col]:
                 amax = a
-        red[t] = amax
-        cuda.syncthreads()
-        width = THREADS // 2
-        while width > 0:
-            if t < width:
-                red[t] = max(red[t], red[t + width])
-            cuda.syncthreads()
-            width //= 2
-        amax = red[0]
+        amax = block_max(red, amax)
         scale = f32(QMAX) / amax if amax > 0 else f32(0.0)
         for col in range(t, K, THREADS):
             x_i8[row, col] = 0 if skip[col] else round(x[row, col] * scale)

@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
 from .. import _gpu
+from .._numba_cuda_device import block_max, block_sum
 
 ROW_THREADS = 8 if _gpu.simulated() else 128  # threads per window row (a power of two: tree reductions)
 FLAT_THREADS = 32 if _gpu.simulated() else 256
@@ -54,33 +55,17 @@ def _kernels(THREADS: int, dtype: str):
             for c in range(d):
                 s += qw[b, h, i, c] * k[b, hk, j, c]
             m = max(m, s * scale)
-        red[t] = m
-        cuda.syncthreads()
-        width = THREADS // 2
-        while width > 0:
-            if t < width:
-                red[t] = max(red[t], red[t + width])
-            cuda.syncthreads()
-            width //= 2
-        m = red[0]
-        cuda.syncthreads()
+        m = block_max(red, m)
         total = fl(0.0)
         for j in range(t, n_vis, THREADS):
             s = fl(0.0)
             for c in range(d):
                 s += qw[b, h, i, c] * k[b, hk, j, c]
             total += math.exp(s * scale - m)
-        red[t] = total
-        cuda.syncthreads()
-        width = THREADS // 2
-        while width > 0:
-            if t < width:
-                red[t] += red[t + width]
-            cuda.syncthreads()
-            width //= 2
+        total = block_sum(red, total)
         if t == 0:
             row_max[b, h, i] = m
-            row_sum[b, h, i] = red[0]
+            row_sum[b, h, i] = total
 
     @cuda.jit
     def window_votes(qw, k, scale, row_max, row_sum, out):
