@@ -98,7 +98,8 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
             if progress is not None:
                 progress(f"passkey {n_tokens} tokens, depth {depth}")
             cache, queries = model.new_cache(), []
-            logits = model.forward(case.ids, cache, 0, queries=queries)[-1]
+            hidden = model.forward(case.ids, cache, 0, logits=False, queries=queries)  # (N, hidden)
+            logits = model.lm_head(hidden[-1:])[0]  # (vocab,) of the last position only
             runs = [("full", n_tokens)] + [(name, c) for name in policies for c in capacities if c < n_tokens]
             h2o_scores = None
             if any(name == "h2o" for name, _ in runs):  # scored once per layer, shared by every capacity

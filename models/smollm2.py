@@ -315,7 +315,8 @@ class SmolLM2:
         cache = self.new_cache()
         start = time.perf_counter()
         queries = [] if policy is not None else None
-        logits = self.forward(prompt_ids, cache, 0, queries=queries)[-1]
+        hidden = self.forward(prompt_ids, cache, 0, logits=False, queries=queries)  # (N, hidden)
+        logits = self.lm_head(hidden[-1:])[0]  # only the last position's (vocab,): not N × vocab
         if policy is not None:
             self.compress_cache(cache, queries, policy)
         prefill_s = time.perf_counter() - start
