@@ -33,7 +33,8 @@ FILLER = (
 )
 # The wording matters to a 135M-parameter model: with "a pass key" and the bare question "What is the pass key?" it
 # often explained what a pass key is (full cache, seed 0: 78% correct at 1024 tokens, 22% at 2048, 0% at 4096);
-# naming the 5 digits in the instruction and in the question brought the full cache to every passkey we sampled.
+# naming the 5 digits in the instruction and in the question brought the full cache to 27 of 27 (seed 0: 9 depths
+# at each of 1024, 2048 and 4096 tokens).
 INSTRUCTION = ("There is a 5-digit pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
                "I will ask you what the pass key is.")
 QUESTION = "What is the pass key? Answer with the 5-digit number."
