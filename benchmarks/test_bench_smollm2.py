@@ -11,15 +11,6 @@ pytest.importorskip("gguf", reason="the model extra is not installed: pip instal
 from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
 
 
-def _weight_bytes_per_token(model, linear, quantize_lm_head=False):
-    """Bytes of weights one decode step reads: every block's linear layers, and the tied LM head (float32 unless
-    quantized; int8 weights carry a float32 scale per output)."""
-    cfg = model.config
-    matrices = cfg.n_layers * sum(i * o for i, o in cfg.linear_shapes())
-    head = model.embedding.size * (1 if quantize_lm_head else 4)
-    return matrices * (4 if linear == "fp32" else 1) + head
-
-
 @pytest.mark.parametrize("linear, quantize_lm_head", [("fp32", False), ("int8", False), ("int8", True)],
                          ids=["fp32", "int8", "int8-head"])
 def test_decode_tokens_per_second(benchmark, machine_peaks, record, linear, quantize_lm_head):
@@ -38,7 +29,7 @@ def test_decode_tokens_per_second(benchmark, machine_peaks, record, linear, quan
 
     benchmark.pedantic(decode_64, rounds=3, warmup_rounds=0)
     tokens_per_s = decode_64()
-    bytes_per_token = _weight_bytes_per_token(model, linear, quantize_lm_head)
+    bytes_per_token = model.weight_bytes_per_token()
     bound = machine_peaks["copy_gbps"] * 1e9 / bytes_per_token
     record({"bench": "smollm2", "linear": linear + (" + int8 LM head" if quantize_lm_head else ""),
             "prefill_1024_s": f"{prefill_s:.2f}",

@@ -65,7 +65,3 @@ def as_cupy(x, dtype=None):
         x = x.astype(dtype)
     return cupy.ascontiguousarray(x)
 
-
-def blocks(n: int, threads: int) -> int:
-    """Blocks of ``threads`` threads that cover ``n`` items (at least one)."""
-    return max(1, -(-n // threads))

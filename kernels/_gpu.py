@@ -124,23 +124,32 @@ def check_shared_memory(nbytes: int, what: str) -> None:
                          f"choose smaller tiles")
 
 
-def ensure_device_fits(nbytes: int, what: str) -> None:
+def free_device_bytes(tier: str) -> float:
+    """Bytes that can be allocated on the device now: what the driver reports free, and for CuPy also what its
+    memory pool holds but no array uses."""
+    if tier == "cupy":
+        cupy = cupy_module()
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return free + cupy.get_default_memory_pool().free_bytes()
+    free, _ = require_numba_cuda().current_context().get_memory_info()
+    return free
+
+
+def ensure_device_fits(nbytes: int, what: str, tier: str = "numba-cuda") -> None:
     """Refuse, before allocating, work whose device memory exceeds what is free on the device."""
     from .attn._memory import InsufficientMemoryError
 
-    free, _ = require_numba_cuda().current_context().get_memory_info()
+    free = free_device_bytes(tier)
     if nbytes > free:
         raise InsufficientMemoryError(f"{what} would allocate {nbytes / 2**30:.2f} GiB on the GPU, but only "
                                       f"{free / 2**30:.2f} GiB is free")
 
 
-def ensure_device_fits_cupy(nbytes: int, what: str) -> None:
-    """``ensure_device_fits`` for the CuPy tier: the free bytes as the CUDA runtime reports them."""
-    from .attn._memory import InsufficientMemoryError
+def blocks(n: int, threads: int) -> int:
+    """Blocks of ``threads`` threads that cover ``n`` items (at least one)."""
+    return max(1, -(-n // threads))
 
-    cupy = cupy_module()
-    free, _ = cupy.cuda.runtime.memGetInfo()
-    free += cupy.get_default_memory_pool().free_bytes()  # what CuPy's pool holds but no array uses
-    if nbytes > free:
-        raise InsufficientMemoryError(f"{what} would allocate {nbytes / 2**30:.2f} GiB on the GPU, but only "
-                                      f"{free / 2**30:.2f} GiB is free")
+
+def launch_1d(n: int, threads: int) -> tuple[int, int]:
+    """A Numba launch configuration (blocks, threads) with one thread per item."""
+    return blocks(n, threads), threads

@@ -15,6 +15,7 @@ prompt, which matters for who can find the passkey:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,28 +107,19 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
             if any(name == "h2o" for name, _ in runs):  # scored once per layer, shared by every capacity
                 h2o_scores = [kvprune.h2o_scores(q[None], kv[0][None]) for q, kv in zip(queries, cache)]
             for name, capacity in runs:
-                kept = _pruned(cache, queries, name, capacity, window, h2o_scores)
+                kept = [[k, v] for k, v in cache]  # a copy: the policies replace its arrays, the prefill's stay
+                if name == "h2o":
+                    model.compress_cache(kept, queries, [functools.partial(kvprune.h2o, capacity=capacity, scores=s)
+                                                         for s in h2o_scores])
+                elif name != "full":
+                    options = {"window": window} if name == "snapkv" else {}
+                    model.compress_cache(kept, queries, cache_policy(name, capacity=capacity, **options))
                 out = model.continue_decoding(logits, kept, len(case.ids), max_new_tokens)
                 answer = model.decode(out)
                 rows.append({"context": n_tokens, "depth": depth, "policy": name, "capacity": capacity,
                              "passkey": case.passkey, "answer": answer.strip(),
                              "correct": int(answer_found(answer, case.passkey))})
     return rows
-
-
-def _pruned(cache, queries, name, capacity, window, h2o_scores):
-    """A copy of the prefill's cache pruned by one policy (the cache itself is left as it is)."""
-    if name == "full":
-        return [[k, v] for k, v in cache]
-    pruned = []
-    for layer, (q, (k, v)) in enumerate(zip(queries, cache)):
-        if name == "h2o":
-            k_c, v_c, _ = kvprune.h2o(q[None], k[None], v[None], capacity=capacity, scores=h2o_scores[layer])
-        else:
-            options = {"window": window} if name == "snapkv" else {}
-            k_c, v_c, _ = cache_policy(name, capacity=capacity, **options)(q[None], k[None], v[None])
-        pruned.append([np.ascontiguousarray(k_c[0]), np.ascontiguousarray(v_c[0])])
-    return pruned
 
 
 def accuracy_table(rows):

@@ -162,6 +162,7 @@ class SmolLM2:
         ``attention``: "flash" or "standard". ``weights``: instead of the GGUF, a ``(config, tensors)`` pair with
         tensors named and shaped as in the GGUF (for tests with small random models; no tokenizer then)."""
         self.attention_algorithm = attention
+        self.linear, self.quantize_lm_head = linear, quantize_lm_head
         if weights is not None:
             self.config, tensors = weights
             self.tokenizer, self.eps = None, 1e-5
@@ -191,6 +192,14 @@ class SmolLM2:
         # rotary frequencies (Su et al. 2021, RoFormer eq. 15): theta_i = base^(-2i/d), i < d/2
         self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
         self.im_end = self.tokenizer.token_to_id("<|im_end|>") if self.tokenizer is not None else -1
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every block's linear layers (4 per weight in fp32, 1 in the
+        int8 modes) and the tied LM head (float32 unless quantized); the small scales and norms are left out."""
+        cfg = self.config
+        block_weights = cfg.n_layers * sum(i * o for i, o in cfg.linear_shapes())
+        head_bytes = 1 if self.quantize_lm_head and self.linear != "fp32" else 4
+        return block_weights * (4 if self.linear == "fp32" else 1) + self.embedding.size * head_bytes
 
     # -- pieces ------------------------------------------------------------------------------------------------
     def _rms_norm(self, x, weight):
@@ -224,10 +233,10 @@ class SmolLM2:
         n = x.shape[0]
         positions = np.arange(start, start + n, dtype=np.float64)
         rotation = self._rotation(positions)
+        kv_dim = cfg.n_kv_heads * cfg.head_dim
         for layer, kv in zip(self.layers, cache):
             h = self._rms_norm(x, layer.attn_norm)
             qkv = layer.wqkv(h)  # (N, hidden + 2·kv_dim)
-            kv_dim = cfg.n_kv_heads * cfg.head_dim
             q = qkv[:, :cfg.hidden].reshape(n, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hq, N, d)
             k = qkv[:, cfg.hidden:cfg.hidden + kv_dim].reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
             v = qkv[:, cfg.hidden + kv_dim:].reshape(n, cfg.n_kv_heads, cfg.head_dim).transpose(1, 0, 2)
@@ -297,9 +306,11 @@ class SmolLM2:
 
     def compress_cache(self, cache, queries, policy):
         """Apply a KV-cache policy to every layer after the prefill: ``policy(q, k, v) -> (k_c, v_c, kept)`` on
-        (1, H, N, d) arrays, e.g. ``cache_policy("snapkv", capacity=256)``. Kept keys keep their rotary positions,
-        so decoding continues at the prompt's length."""
-        for kv, q in zip(cache, queries):
+        (1, H, N, d) arrays, e.g. ``cache_policy("snapkv", capacity=256)``, or a list of such policies, one per
+        layer. Kept keys keep their rotary positions, so decoding continues at the prompt's length. The layers'
+        arrays are replaced, never written into, so a shallow copy of ``cache`` keeps the original intact."""
+        policies = policy if isinstance(policy, (list, tuple)) else [policy] * len(cache)
+        for kv, q, policy in zip(cache, queries, policies):
             k_c, v_c, _ = policy(q[None], kv[0][None], kv[1][None])
             kv[0], kv[1] = np.ascontiguousarray(k_c[0]), np.ascontiguousarray(v_c[0])
 

@@ -1,4 +1,5 @@
-"""The one-call GPU check: ``python -m simulator gpu-check --out DIR`` (about 5 minutes on an H200).
+"""The one-call GPU check: ``python -m simulator gpu-check --out DIR`` (the issue asks for under 6 minutes on an
+H200; not yet run on one).
 
 1. Correctness at real sizes of both GPU tiers (Numba-CUDA and the CUDA C tensor-core kernels) against the float64
    oracles; float16/bfloat16 by flash-attn's rule (error <= 2 × the error of the same attention computed plainly
@@ -28,8 +29,6 @@ from pathlib import Path
 import numpy as np
 
 L2_ROTATE_BYTES = 4 * 60 * 2**20  # rotate inputs past 4 × the H200's 60 MB of L2 (hardware-facts.md)
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}  # half an ulp, relative (IEEE 754 binary16; bfloat16)
-LOW_PRECISION_FACTOR = 2.0  # flash-attn's tolerance rule: 2 × the plain low-precision error
 
 
 # -- 1. correctness ----------------------------------------------------------------------------------------------
@@ -58,14 +57,18 @@ def _plain_attention(q, k, v, causal, dtype):
 
 
 def _judge(out, ref, dtype, plain=None):
-    """(max abs error, bound, passed) against the oracle with the dtype's rule."""
+    """(max abs error, bound, passed) against the oracle with the dtype's rule (the tolerance table of
+    kernels/attn/_reference.py, which the tests use too)."""
+    from kernels.attn._reference import LOW_PRECISION_FACTOR, TOLERANCES, UNIT_ROUNDOFF
+
     out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     err = float(np.abs(out - ref).max(initial=0.0))
+    scale = float(np.abs(ref).max(initial=0.0))
     if dtype in UNIT_ROUNDOFF:
         plain_err = float(np.abs(plain - ref).max(initial=0.0))
-        bound = LOW_PRECISION_FACTOR * plain_err + UNIT_ROUNDOFF[dtype] * float(np.abs(ref).max(initial=0.0))
-    else:  # float32: the tests' table (tests/conftest.py)
-        bound = float(3e-6 + 1e-5 * np.abs(ref).max(initial=0.0))
+        bound = LOW_PRECISION_FACTOR * plain_err + UNIT_ROUNDOFF[dtype] * scale
+    else:
+        bound = TOLERANCES[dtype]["atol"] + TOLERANCES[dtype]["rtol"] * scale
     return err, bound, bool(np.isfinite(out).all() and err <= bound)
 
 
@@ -107,7 +110,7 @@ def correctness(quick: bool, log) -> list[dict]:
                                                  algorithm=algorithm, backend=tier))
         ref = reference(q, k, v, causal=causal)
         plain = _plain_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), causal,
-                                 dtype) if dtype in UNIT_ROUNDOFF else None
+                                 dtype) if dtype in ("float16", "bfloat16") else None
         err, bound, ok = _judge(out, ref, dtype, plain)
         rows.append({"tier": tier, "kernel": f"attention {algorithm}", "dtype": dtype,
                      "case": f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} causal={causal}",

@@ -14,16 +14,13 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and not (os.path.exists("/dev/nvidia
 import numpy as np
 import pytest
 
-# One tolerance table per dtype: |x − ref| <= atol + rtol·|ref| against the float64 oracle (run on the same
-# rounded inputs). float16 is judged by flash-attn's rule instead (see ``assert_close``).
-TOLERANCES = {
-    np.dtype(np.float64): {"atol": 1e-12, "rtol": 1e-10},
-    np.dtype(np.float32): {"atol": 3e-6, "rtol": 1e-5},
-}
-# flash-attn's rule for low precision: error <= LOW_PRECISION_FACTOR × the error of the same computation done
-# plainly in that precision; UNIT_ROUNDOFF (half an ulp, relative) covers rounding the float16 output itself.
-LOW_PRECISION_FACTOR = 2.0
-UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11}
+from kernels.attn import _reference
+
+# The tolerance table of kernels/attn/_reference.py (one per dtype; float16 by flash-attn's rule, see
+# ``assert_close``), keyed by NumPy dtype here.
+TOLERANCES = {np.dtype(name): tol for name, tol in _reference.TOLERANCES.items()}
+LOW_PRECISION_FACTOR = _reference.LOW_PRECISION_FACTOR
+UNIT_ROUNDOFF = {np.dtype(np.float16): _reference.UNIT_ROUNDOFF["float16"]}
 
 
 @pytest.fixture

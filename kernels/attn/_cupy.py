@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy
+from .. import _cupy, _gpu
 
 SOURCE = Path(__file__).with_name("flash_attention.cu")
 HEAD_DIMS = (64, 128)  # the head dims the tensor-core kernel is built for
@@ -70,13 +70,11 @@ def standard_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16"
     cupy = _cupy.require_cupy()
     if dtype != "float16":
         raise ValueError("the standard baseline runs in float16 (CuPy's matmul has no bfloat16)")
-    from .._gpu import ensure_device_fits_cupy
-
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
-    ensure_device_fits_cupy(B * Hq * Nq * Nk * 2, f"attention(algorithm='standard') for S of shape "
-                                                  f"({B}, {Hq}, {Nq}, {Nk}) in float16")
+    _gpu.ensure_device_fits(B * Hq * Nq * Nk * 2, f"attention(algorithm='standard') for S of shape "
+                                                  f"({B}, {Hq}, {Nq}, {Nk}) in float16", tier="cupy")
     q_g = q.reshape(B, Hkv, group * Nq, d)  # the query heads of one group stacked against their kv head
     s = cupy.matmul(q_g, k.transpose(0, 1, 3, 2)).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ, (B, Hq, Nq, Nk)
     lse = cupy.empty((B, Hq, Nq), dtype=cupy.float32)

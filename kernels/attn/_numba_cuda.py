@@ -220,7 +220,7 @@ def flash_forward(q, k, v, scale, causal, block_q=None, block_k=None, n_splits=N
     o = cuda.device_array((B, Hq, Nq, d), dtype=q.dtype)
     lse = cuda.device_array((B, Hq, Nq), dtype=q.dtype)
     rows = B * Hq * Nq
-    _combine_kernel()[math.ceil(rows / COMBINE_THREADS), COMBINE_THREADS](o_part, lse_part, o, lse)
+    _combine_kernel()[_gpu.launch_1d(rows, COMBINE_THREADS)](o_part, lse_part, o, lse)
     return o, lse
 
 
@@ -365,7 +365,7 @@ def _elementwise_kernels():
 def _fill(x, value):
     fill, _ = _elementwise_kernels()
     flat = x.reshape(x.size)
-    fill[max(1, math.ceil(x.size / 256)), 256](flat, value)
+    fill[_gpu.launch_1d(x.size, 256)](flat, value)
 
 
 def cast(x, dtype):
@@ -375,5 +375,5 @@ def cast(x, dtype):
     out = cuda.device_array(x.shape, dtype=dtype)
     if x.size:
         _, kernel = _elementwise_kernels()
-        kernel[math.ceil(x.size / 256), 256](x.reshape(x.size), out.reshape(x.size))
+        kernel[_gpu.launch_1d(x.size, 256)](x.reshape(x.size), out.reshape(x.size))
     return out

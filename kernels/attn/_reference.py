@@ -10,6 +10,14 @@ import numpy as np
 
 from ._validate import normalize
 
+# How close a backend must come to this oracle, one table for the tests and the GPU check alike (by dtype name):
+# |x − ref| <= atol + rtol·|ref| on the same rounded inputs; float16 and bfloat16 by flash-attn's rule instead,
+# error <= LOW_PRECISION_FACTOR × the error of the same computation done plainly in that precision, plus
+# UNIT_ROUNDOFF (half an ulp, relative: 2^-11 for IEEE binary16, 2^-8 for bfloat16) of the output's scale.
+TOLERANCES = {"float64": {"atol": 1e-12, "rtol": 1e-10}, "float32": {"atol": 3e-6, "rtol": 1e-5}}
+LOW_PRECISION_FACTOR = 2.0
+UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
+
 
 def reference(q, k, v, *, causal=False, scale=None, return_lse=False):
     """Exact attention in float64 (the oracle).

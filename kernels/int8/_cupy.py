@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy
+from .. import _cupy, _gpu
 
 SOURCE = Path(__file__).with_name("int8_matmul.cu")
 ROW_THREADS = 256  # threads per row of the quantizer (a power of two: tree reduction)
@@ -37,7 +37,7 @@ def quantize_weight(w):
     w_i8_t = cupy.empty((N, padded(K)), dtype=cupy.int8)
     absmax = cupy.empty(N, dtype=cupy.float32)
     if N:
-        _kernel("ioaware::quantize_columns_t")((_cupy.blocks(N, FLAT_THREADS),), (FLAT_THREADS,),
+        _kernel("ioaware::quantize_columns_t")((_gpu.blocks(N, FLAT_THREADS),), (FLAT_THREADS,),
                                                (w, np.int32(K), np.int32(N), np.int32(padded(K)), w_i8_t, absmax))
     return w_i8_t, absmax
 
@@ -57,7 +57,7 @@ def gemm(x_i8, w_i8_t, absmax_x, absmax_w, want_int32=False):
         blockspergrid = (math.ceil(N / BN), math.ceil(M / BM))
         _kernel(f"ioaware::gemm_i8_mma<{BM}, {BN}, {BK}>")(blockspergrid, (128,), args)
     else:
-        _kernel("ioaware::gemm_i8_dp4a")((_cupy.blocks(N, FLAT_THREADS), M), (FLAT_THREADS,), args)
+        _kernel("ioaware::gemm_i8_dp4a")((_gpu.blocks(N, FLAT_THREADS), M), (FLAT_THREADS,), args)
     return y, c
 
 
@@ -69,7 +69,7 @@ def split_matmul(x, w_i8_t, absmax_w, threshold, w_fp16=None, want_int32=False):
     N, Kp = w_i8_t.shape
     flags = cupy.zeros(K, dtype=cupy.uint8)
     if threshold > 0 and M:
-        _kernel("ioaware::outlier_columns")((_cupy.blocks(K, FLAT_THREADS),), (FLAT_THREADS,),
+        _kernel("ioaware::outlier_columns")((_gpu.blocks(K, FLAT_THREADS),), (FLAT_THREADS,),
                                             (x, np.int32(M), np.int32(K), np.float32(threshold), flags))
     x_i8 = cupy.empty((M, Kp), dtype=cupy.int8)
     absmax_x = cupy.empty(M, dtype=cupy.float32)
@@ -80,7 +80,7 @@ def split_matmul(x, w_i8_t, absmax_w, threshold, w_fp16=None, want_int32=False):
     outliers = cupy.flatnonzero(flags).astype(cupy.int32)
     J = int(outliers.size)
     if J and M * N:
-        _kernel("ioaware::outlier_gemm")((_cupy.blocks(N, FLAT_THREADS), M), (FLAT_THREADS,),
+        _kernel("ioaware::outlier_gemm")((_gpu.blocks(N, FLAT_THREADS), M), (FLAT_THREADS,),
                                          (x, outliers, np.int32(J), np.int32(K), w_i8_t, np.int32(Kp), absmax_w,
                                           w_fp16 if w_fp16 is not None else np.uint64(0), np.int32(M), np.int32(N), y))
     return y, cupy.asnumpy(outliers), c

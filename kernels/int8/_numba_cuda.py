@@ -162,9 +162,6 @@ def _kernels(T: int, THREADS: int):
             outlier_gemm, count_nonfinite)
 
 
-def _flat(n):
-    return max(1, math.ceil(n / FLAT_THREADS)), FLAT_THREADS
-
 
 def quantize_weight(w):
     """W (K, N) float32 on the device, quantized column-wise: (w_i8_t (N, K) int8, absmax (N,) float32)."""
@@ -172,7 +169,7 @@ def quantize_weight(w):
     w_i8_t = cuda.device_array((N, K), dtype=np.int8)
     absmax = cuda.device_array(N, dtype=np.float32)
     if N:
-        _kernels(GEMM_TILE, ROW_THREADS)[2][_flat(N)](w, w_i8_t, absmax)
+        _kernels(GEMM_TILE, ROW_THREADS)[2][_gpu.launch_1d(N, FLAT_THREADS)](w, w_i8_t, absmax)
     return w_i8_t, absmax
 
 
@@ -196,7 +193,7 @@ def split_matmul(x, w_i8_t, absmax_w, threshold):
     N = w_i8_t.shape[0]
     flags = cuda.device_array(K, dtype=np.bool_)
     if threshold > 0 and M:
-        outlier_columns[_flat(K)](x, np.float32(threshold), flags)
+        outlier_columns[_gpu.launch_1d(K, FLAT_THREADS)](x, np.float32(threshold), flags)
         outliers = np.flatnonzero(flags.copy_to_host())  # a few indices, compacted on the host
     else:
         flags = cuda.to_device(np.zeros(K, dtype=np.bool_))
@@ -209,13 +206,14 @@ def split_matmul(x, w_i8_t, absmax_w, threshold):
     c = gemm(x_i8, w_i8_t)
     y = cuda.device_array((M, N), dtype=np.float32)
     if M * N:
-        dequantize[_flat(M * N)](c, absmax_x, absmax_w, y)
+        dequantize[_gpu.launch_1d(M * N, FLAT_THREADS)](c, absmax_x, absmax_w, y)
     J = outliers.size
     if J and M * N:
         x_out = cuda.device_array((M, J), dtype=np.float16)
         w_out = cuda.device_array((J, N), dtype=np.float16)
-        gather_outliers[_flat(max(M * J, J * N))](x, w_i8_t, absmax_w, cuda.to_device(outliers), x_out, w_out)
-        outlier_gemm[_flat(M * N)](x_out, w_out, y)
+        cols = cuda.to_device(outliers)
+        gather_outliers[_gpu.launch_1d(max(M * J, J * N), FLAT_THREADS)](x, w_i8_t, absmax_w, cols, x_out, w_out)
+        outlier_gemm[_gpu.launch_1d(M * N, FLAT_THREADS)](x_out, w_out, y)
     return y, outliers
 
 
@@ -224,7 +222,7 @@ def all_finite(x) -> bool:
     if x.size == 0:
         return True
     count = cuda.to_device(np.zeros(1, dtype=np.int32))
-    _kernels(GEMM_TILE, ROW_THREADS)[7][_flat(x.size)](x.reshape(x.size), count)
+    _kernels(GEMM_TILE, ROW_THREADS)[7][_gpu.launch_1d(x.size, FLAT_THREADS)](x.reshape(x.size), count)
     return int(count.copy_to_host()[0]) == 0
 
 

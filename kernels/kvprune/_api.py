@@ -242,13 +242,11 @@ def _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa):
     on_host = isinstance(q, np.ndarray)
     N = k.shape[2]
     heads = k.shape[1] if gqa == "mean" else q.shape[1]
-    if N <= capacity:  # nothing to prune: every position, through the same gather (kv heads repeated if Hq)
+    if N <= capacity:  # nothing to prune: every position (kv heads repeated for "per-query-head")
         if on_host:
             return _unchanged(q, k, v, heads)
-        positions = np.broadcast_to(np.arange(N), (k.shape[0], heads, N))
-        scores = _gpu.to_numba(np.ascontiguousarray(-positions, dtype=np.float32))  # ranks keep every position
-        kk, vv = _device_inputs(False, np.dtype(k.dtype), k, v)
-        k_c, v_c, kept = _numba_cuda.select_and_gather(scores, kk, vv, N, 0)
+        kept = _gpu.to_numba(np.broadcast_to(np.arange(N), (k.shape[0], heads, N)))
+        k_c, v_c = _numba_cuda.gather_kept(*_device_inputs(False, np.dtype(k.dtype), k, v), kept)
         return tuple(_gpu.like_input(x, False) for x in (k_c, v_c, kept))
     dt = _compute_dtype(q)
     qq, kk, vv = _device_inputs(on_host, dt, q, k, v)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy
+from .. import _cupy, _gpu
 
 SOURCE = Path(__file__).with_name("snapkv.cu")
 THREADS = 256  # threads per block of the window votes and the top-k (powers of two: tree reductions and scans)
@@ -34,13 +34,13 @@ def snapkv_scores(qw, k, kernel_size: int, pooling: str, gqa: str):
                                                   np.int32(d), np.float32(1.0 / math.sqrt(d)), votes),
                                                  shared_mem=shared_bytes)
     pooled = cupy.empty_like(votes)
-    _kernel("ioaware::pool_rows")((_cupy.blocks(votes.size, FLAT_THREADS),), (FLAT_THREADS,),
+    _kernel("ioaware::pool_rows")((_gpu.blocks(votes.size, FLAT_THREADS),), (FLAT_THREADS,),
                                   (votes, np.int32(B * Hq), np.int32(P), np.int32(kernel_size),
                                    np.int32(pooling == "max"), pooled))
     if gqa == "per-query-head":
         return pooled
     mean = cupy.empty((B, Hkv, P), dtype=cupy.float32)
-    _kernel("ioaware::group_mean")((_cupy.blocks(mean.size, FLAT_THREADS),), (FLAT_THREADS,),
+    _kernel("ioaware::group_mean")((_gpu.blocks(mean.size, FLAT_THREADS),), (FLAT_THREADS,),
                                    (pooled, np.int32(B), np.int32(Hkv), np.int32(Hq // Hkv), np.int32(P), mean))
     return mean
 
@@ -62,7 +62,7 @@ def select_and_gather(scores, k, v, n_keep: int, window: int):
     view = {2: cupy.uint16, 4: cupy.float32}[k.dtype.itemsize]
     if k_c.size:
         _kernel(f"ioaware::gather_rows<{element}>")(
-            (_cupy.blocks(k_c.size, FLAT_THREADS),), (FLAT_THREADS,),
+            (_gpu.blocks(k_c.size, FLAT_THREADS),), (FLAT_THREADS,),
             (k.view(view), v.view(view), kept, np.int32(B), np.int32(H), np.int32(Hkv), np.int32(N), np.int32(C),
              np.int32(d), k_c.view(view), v_c.view(view)))
     return k_c, v_c, kept

@@ -179,9 +179,6 @@ def _kernels(THREADS: int, dtype: str):
     return window_row_stats, window_votes, pool, group_mean, rank_positions, compact_kept, gather
 
 
-def _flat(n):
-    return max(1, math.ceil(n / FLAT_THREADS)), FLAT_THREADS
-
 
 def snapkv_scores(qw, k, kernel_size, pooling, gqa):
     """Pooled window votes on device arrays qw (B, Hq, w, d), k (B, Hkv, N, d); (B, Hkv or Hq, N − w)."""
@@ -196,26 +193,35 @@ def snapkv_scores(qw, k, kernel_size, pooling, gqa):
     summed = cuda.device_array((B, Hq, P), dtype=qw.dtype)
     pooled = cuda.device_array((B, Hq, P), dtype=qw.dtype)
     row_stats[B * Hq * w, ROW_THREADS](qw, k, scale, row_max, row_sum)
-    votes[_flat(B * Hq * P)](qw, k, scale, row_max, row_sum, summed)
-    pool[_flat(B * Hq * P)](summed.reshape(B * Hq, P), kernel_size, pooling == "max", pooled.reshape(B * Hq, P))
+    votes[_gpu.launch_1d(B * Hq * P, FLAT_THREADS)](qw, k, scale, row_max, row_sum, summed)
+    pool[_gpu.launch_1d(B * Hq * P, FLAT_THREADS)](summed.reshape(B * Hq, P), kernel_size, pooling == "max",
+                                                   pooled.reshape(B * Hq, P))
     if gqa == "per-query-head":
         return pooled
     mean = cuda.device_array((B, Hkv, P), dtype=qw.dtype)
-    group_mean[_flat(B * Hkv * P)](pooled, Hq // Hkv, mean)
+    group_mean[_gpu.launch_1d(B * Hkv * P, FLAT_THREADS)](pooled, Hq // Hkv, mean)
     return mean
 
 
 def select_and_gather(scores, k, v, n_keep, window):
     """Keep the top ``n_keep`` prefix positions per head (ties to the lower position) and the window; gather K
     and V for them. scores (B, H, N − w) on the device; returns device arrays (k_c, v_c, kept)."""
-    *_, rank_positions, compact_kept, gather = _kernels(ROW_THREADS, np.dtype(k.dtype).name)
+    *_, rank_positions, compact_kept, _ = _kernels(ROW_THREADS, np.dtype(k.dtype).name)
     B, H, P = scores.shape
-    N, d = k.shape[2], k.shape[3]
+    N = k.shape[2]
     ranks = cuda.device_array((B * H, P), dtype=np.int64)
     kept = cuda.device_array((B, H, n_keep + window), dtype=np.int64)
-    rank_positions[_flat(B * H * P)](scores.reshape(B * H, P), ranks)
-    compact_kept[_flat(B * H)](ranks, n_keep, N - window, kept.reshape(B * H, n_keep + window))
-    k_c = cuda.device_array((B, H, n_keep + window, d), dtype=k.dtype)
-    v_c = cuda.device_array((B, H, n_keep + window, d), dtype=k.dtype)
-    gather[_flat(k_c.size)](k, v, kept, k_c, v_c)
-    return k_c, v_c, kept
+    rank_positions[_gpu.launch_1d(B * H * P, FLAT_THREADS)](scores.reshape(B * H, P), ranks)
+    compact_kept[_gpu.launch_1d(B * H, FLAT_THREADS)](ranks, n_keep, N - window,
+                                                      kept.reshape(B * H, n_keep + window))
+    return (*gather_kept(k, v, kept), kept)
+
+
+def gather_kept(k, v, kept):
+    """K and V rows at the device array ``kept`` (B, H, C) (kv heads repeated when H is Hq): (k_c, v_c)."""
+    gather = _kernels(ROW_THREADS, np.dtype(k.dtype).name)[-1]
+    B, H, C = kept.shape
+    k_c = cuda.device_array((B, H, C, k.shape[3]), dtype=k.dtype)
+    v_c = cuda.device_array((B, H, C, k.shape[3]), dtype=k.dtype)
+    gather[_gpu.launch_1d(k_c.size, FLAT_THREADS)](k, v, kept, k_c, v_c)
+    return k_c, v_c

@@ -34,13 +34,13 @@ def model_section(ctx: RunContext) -> Section:
         if outliers is None:
             outliers = model.outlier_statistics(ids)
         if label in ("fp32", "int8 (int8 weights only)") or (ctx.quick and options["linear"] == "int8"):
-            speed.append(_decode_speed(ctx, model, label, options["linear"] == "fp32", False))
+            speed.append(_decode_speed(ctx, model, label))
     if not ctx.quick:
         ctx.step("SmolLM2 int8 with an int8 LM head")
         model = SmolLM2(path, linear="int8", quantize_lm_head=True)
         rows.append({"variant": "int8 (int8 weights only) + int8 LM head", "tokens": n_tokens,
                      "perplexity": f"{model.perplexity(ids):.4g}"})
-        speed.append(_decode_speed(ctx, model, "int8 + int8 LM head", False, True))
+        speed.append(_decode_speed(ctx, model, "int8 + int8 LM head"))
     write_csv(ctx.directory / "smollm2_perplexity.csv", rows)
     write_csv(ctx.directory / "smollm2_outliers.csv", outliers)
     write_csv(ctx.directory / "smollm2_decode.csv", speed)
@@ -66,15 +66,14 @@ def model_section(ctx: RunContext) -> Section:
                                                            "smollm2_outliers.png", "smollm2_decode.csv"))
 
 
-def _decode_speed(ctx, model, label, fp32, int8_head):
+def _decode_speed(ctx, model, label):
     """Decode tokens/s (24 tokens after a warm-up) beside the bound: weight bytes per token over the calibrated
     DRAM bandwidth (the block linears in their precision, the tied LM head float32 unless quantized)."""
     prompt = model.encode("Once upon a time")
     model.generate(prompt, 2)
     timings = {}
     out = model.generate(prompt, 24, timings=timings)
-    weight_bytes = (model.config.n_layers * sum(i * o for i, o in model.config.linear_shapes()) * (4 if fp32 else 1)
-                    + model.embedding.size * (1 if int8_head else 4))
+    weight_bytes = model.weight_bytes_per_token()
     return {"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
             "weight_bytes_per_token": weight_bytes,
             "bound_tokens_per_s": f"{ctx.cpu.hbm_bandwidth / weight_bytes:.3g}"}
