@@ -28,6 +28,19 @@ def _triad(a, b, c, s):
         a[i] = b[i] + s * c[i]
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _read_sum(x, n_chunks):
+    """Σ x, each of ``n_chunks`` tasks summing one contiguous chunk: every byte read once, nothing written."""
+    chunk = (x.size + n_chunks - 1) // n_chunks
+    partial = np.zeros(n_chunks, dtype=np.float32)
+    for t in prange(n_chunks):
+        acc = np.float32(0.0)
+        for i in range(t * chunk, min(x.size, (t + 1) * chunk)):
+            acc += x[i]
+        partial[t] = acc
+    return partial.sum()
+
+
 @njit(parallel=True, cache=True)
 def _empty_parallel(x):
     for i in prange(x.size):
@@ -44,6 +57,17 @@ def triad_bandwidth(n_bytes: int, repeats: int = 5) -> float:
     a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
     timing = time_call(lambda: _triad(a, b, c, 3.0), repeats=repeats, warmup=2, settle_s=0.0)
     return 4 * 8 * n / timing.min_s
+
+
+def read_bandwidth(n_bytes: int = TRIAD_DRAM_BYTES, repeats: int = 5) -> float:
+    """Bytes/s of reading ``n_bytes`` of float32 once on all cores (a sum, nothing written back): the rate that
+    bounds a decode step, which streams its weights and KV cache and writes almost nothing. The best of
+    ``repeats`` (a bound, as STREAM reports its best run).
+    """
+    x = np.ones(max(1, n_bytes // 4), dtype=np.float32)
+    n_chunks = 64 * (os.cpu_count() or 1)  # many more chunks than threads, so a slow core does not hold the rest
+    timing = time_call(lambda: _read_sum(x, n_chunks), repeats=repeats, warmup=2, settle_s=0.0)
+    return x.nbytes / timing.min_s
 
 
 def sgemm_flops(n: int = SGEMM_N) -> float:
