@@ -13,7 +13,11 @@ import time
 import numpy as np
 import pytest
 
+import kernels
+from kernels._cpuinfo import cpu_model
+from simulator.hardware.cpu import read_bandwidth
 from simulator.measure import SETTLE_S, time_call
+
 
 SGEMM_N = 2048  # large enough that sgemm runs near peak on every core
 COPY_BYTES = 256 * 2**20  # well above any last-level cache
@@ -25,15 +29,22 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def machine_peaks():
-    """sgemm GFLOP/s (2·n³ / t) and copy GB/s (2·bytes / t: each byte read once and written once), measured now."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32) for _ in range(2))
-    sgemm = time_call(lambda: a @ b, repeats=5, warmup=2)
+    """sgemm GFLOP/s (2·n³ / t), copy GB/s (2·bytes / t: each byte read once and written once) and read GB/s
+    (bytes / t, all cores, nothing written: ``simulator.hardware.cpu.read_bandwidth``), measured now."""
+    read_gbps = read_bandwidth() / 1e9  # first: NumPy's BLAS threads spin for ~0.1 s after the sgemm below
     src = np.ones(COPY_BYTES // 4, dtype=np.float32)
     dst = np.empty_like(src)
     copy = time_call(lambda: np.copyto(dst, src), repeats=5, warmup=1)
-    return {"sgemm_gflops": 2 * SGEMM_N**3 / sgemm.median_s / 1e9,
-            "copy_gbps": 2 * COPY_BYTES / copy.median_s / 1e9}
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32) for _ in range(2))
+    sgemm = time_call(lambda: a @ b, repeats=5, warmup=2)
+    peaks = {"sgemm_gflops": 2 * SGEMM_N**3 / sgemm.median_s / 1e9,
+             "copy_gbps": 2 * COPY_BYTES / copy.median_s / 1e9, "read_gbps": read_gbps}
+    _MEASURED.update(peaks)
+    return peaks
+
+
+_MEASURED: dict = {}  # the peaks, once measured, for the summary's machine line
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +68,11 @@ def pytest_terminal_summary(terminalreporter, config):
     tr = terminalreporter
     tr.section("ioaware figures")
     blas = {(i.get("internal_api"), i.get("architecture")) for i in threadpool_info() if i["user_api"] == "blas"}
-    tr.write_line(f"machine: {os.cpu_count()} logical cores; BLAS: {sorted(blas)}; "
-                  f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    pool = kernels.pool_info()
+    peaks = ", ".join(f"{key}={value:.1f}" for key, value in _MEASURED.items()) or "not measured in this run"
+    tr.write_line(f"machine: {cpu_model()}, {os.cpu_count()} logical cores; ioaware pool: "
+                  f"{pool['threading_layer']} x{pool['threads']} threads, wait policy {pool['wait_policy']}; "
+                  f"BLAS: {sorted(blas)}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    tr.write_line(f"peaks measured in this run: {peaks}")
     for row in rows:
         tr.write_line("  ".join(f"{key}={value}" for key, value in row.items()))

@@ -1,15 +1,17 @@
 """Dense float32 layers stored as (out, in), the way checkpoints store them: ``matmul_nt(x, w) = x · wᵀ``.
 
-Many rows (a prefill) go to NumPy's BLAS, which reads wᵀ in place. A few rows (a decode step) go to a Numba GEMV:
-every output is a dot product of two contiguous rows, split over Numba's threads. A decode step then runs all
-its products in Numba's thread pool, and NumPy's BLAS threads never wake between them: on 2 cores the two pools
-spun against each other after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
+Many rows (a prefill) go to BLAS on Numba's threads (``kernels._blas.batched_matmul``), which reads wᵀ in place.
+A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
+Numba's threads. Either way NumPy's BLAS threads never wake: on 2 cores the two pools spun against each other
+after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
 the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from ._blas import batched_matmul
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
 BLOCK_N = 64  # output features per task
@@ -44,7 +46,8 @@ def matmul_nt(x, w):
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x (M, K) and w (N, K) must share K; got x {x.shape}, w {w.shape}")
     if x.shape[0] > GEMV_ROWS:
-        return x @ w.T
+        x32 = np.ascontiguousarray(x, dtype=np.float32)
+        return batched_matmul(x32[None], np.ascontiguousarray(w)[None], transpose_b=True)[0]
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     _gemv_nt(np.ascontiguousarray(x, dtype=np.float32), w, out)
     return out

@@ -2,12 +2,14 @@
 
 This is the algorithm FlashAttention replaces (Dao et al. 2022, Algorithm 0): S is written, the softmax reads S
 and writes P, and P V reads P, so it needs 2 · B · Hq · Nq · Nk elements of extra memory. Its matmuls run on
-NumPy's multithreaded BLAS, its elementwise passes on one core each, as frameworks' unfused attention does.
+BLAS on all cores (through Numba's pool, ``kernels._blas.batched_matmul``), its elementwise passes in NumPy on one
+core each, as frameworks' unfused attention does.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .._blas import batched_matmul
 from ._memory import ensure_fits
 
 
@@ -26,8 +28,8 @@ def standard_forward(q, k, v, scale, causal):
     ensure_fits(standard_bytes(B, Hq, Nq, Nk, q.itemsize, causal), "attention(algorithm='standard') for S and P "
                 f"of shape ({B}, {Hq}, {Nq}, {Nk}) in {q.dtype}")
     # GQA: the query heads of one group are stacked as rows against their shared kv head
-    q_g = q.reshape(B, Hkv, group * Nq, d)  # (B, Hkv, group·Nq, d)
-    s = np.matmul(q_g, k.transpose(0, 1, 3, 2)).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ, (B, Hq, Nq, Nk)
+    q_g = q.reshape(B * Hkv, group * Nq, d)  # (B·Hkv, group·Nq, d)
+    s = batched_matmul(q_g, k.reshape(B * Hkv, Nk, d), transpose_b=True).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ
     s *= scale
     visible = None
     if causal:
@@ -45,8 +47,8 @@ def standard_forward(q, k, v, scale, causal):
         lse = (m + np.log(l))[..., 0]  # (B, Hq, Nq)
     l_safe = np.where(l == 0.0, 1.0, l).astype(p.dtype)
     p /= l_safe
-    p_g = p.reshape(B, Hkv, group * Nq, Nk)
-    o = np.matmul(p_g, v).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
+    p_g = p.reshape(B * Hkv, group * Nq, Nk)  # (B·Hkv, group·Nq, Nk)
+    o = batched_matmul(p_g, v.reshape(B * Hkv, Nk, d)).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
     if causal and not np.isfinite(v).all():
         # 0 · NaN = NaN: a non-finite v row would leak into rows that do not see it; redo those sums row by row
         v_h = np.repeat(v, group, axis=1)  # (B, Hq, Nk, d)

@@ -1,0 +1,35 @@
+"""Helpers the benchmarks share: percentiles, and timing peers in fresh processes."""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+PEER_PROBE = Path(__file__).with_name("peer_probe.py")
+
+
+def p90(samples):
+    """The nearest-rank 90th percentile (of 30 samples: the 27th smallest)."""
+    ordered = sorted(samples)
+    return ordered[int(0.9 * (len(ordered) - 1))]
+
+
+def alternate_in_fresh_processes(workloads, *, pairs=3, repeats=5):
+    """Median seconds of each workload, each timed in ``pairs`` fresh processes taken in turn (A B A B ...), so
+    that no thread pool of one peer taxes the other and slow drifts of the machine hit both alike.
+
+    ``workloads``: name -> argument list of ``peer_probe.py``. Returns name -> (median_s, all samples, check).
+    """
+    samples = {name: [] for name in workloads}
+    checks = {}
+    for _ in range(pairs):
+        for name, args in workloads.items():
+            done = subprocess.run([sys.executable, str(PEER_PROBE), *args, "--repeats", str(repeats)],
+                                  check=True, capture_output=True, text=True, timeout=600,
+                                  cwd=PEER_PROBE.parent.parent)
+            result = json.loads(done.stdout)
+            samples[name] += result["samples_s"]
+            checks[name] = result["check"]
+    return {name: (statistics.median(xs), xs, checks[name]) for name, xs in samples.items()}

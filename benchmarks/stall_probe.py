@@ -1,0 +1,127 @@
+"""One process of the stall benchmark (run by ``test_bench_stalls.py``, one fresh process per threading option).
+
+Every public kernel at a small and a large size, called ``--rounds`` times interleaved with NumPy BLAS calls and,
+where torch is importable, torch calls, as user code mixes them; each call's wall time is recorded. With
+``--decode``, SmolLM2's decode rate is measured first (fresh process) and again after the interleaved rounds.
+Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_tokens_per_s": {...}, "pool": ...}.
+
+    python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode] [--no-torch]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+def _calls(rng, use_torch):
+    """name -> zero-argument callable, in the order one round calls them."""
+    import kernels
+    from kernels import dense, int8, kvprune
+
+    def rand(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    calls = {}
+    # NumPy's own BLAS, as the user's code calls it between ours
+    a_mm = rand(1024, 1024)
+    x_gemv, w_gemv = rand(1, 2048), rand(2048, 2048)
+    calls["numpy sgemm 1024³"] = lambda: a_mm @ a_mm
+    calls["numpy GEMV 2048²"] = lambda: x_gemv @ w_gemv
+    if use_torch:
+        import torch
+
+        t_x, t_w = torch.from_numpy(rand(64, 2048)), torch.from_numpy(w_gemv)
+        t_q = torch.from_numpy(rand(1, 8, 1024, 64))
+        calls["torch linear 64×2048²"] = lambda: torch.nn.functional.linear(t_x, t_w)
+        calls["torch SDPA N=1024"] = lambda: torch.nn.functional.scaled_dot_product_attention(t_q, t_q, t_q)
+    # attention: small and large, flash and standard, and a decode step against a cache (split-KV)
+    for n in (128, 2048):
+        q = rand(1, 8, n, 64)
+        calls[f"flash N={n} causal"] = lambda q=q: kernels.attention(q, q, q, causal=True)
+    q_std = rand(1, 8, 512, 64)
+    calls["standard N=512"] = lambda: kernels.attention(q_std, q_std, q_std, algorithm="standard")
+    q_dec, kv_dec = rand(1, 9, 1, 64), rand(1, 3, 4096, 64)
+    calls["flash decode Nk=4096"] = lambda: kernels.attention(q_dec, kv_dec, kv_dec, causal=True)
+    # LLM.int8(): the decode GEMV of a layer, small and large, and a prefill-sized split matmul
+    for n in (1024, 2048, 4096):
+        layer, x = int8.Int8Linear.from_float(rand(n, n)), rand(1, n)  # square: the weight layout does not matter
+        calls[f"Int8Linear GEMV {n}²"] = lambda layer=layer, x=x: layer(x)
+    x_mm, w_mm = rand(128, 1024), rand(1024, 1024)
+    calls["int8_matmul 128×1024²"] = lambda: int8.int8_matmul(x_mm, w_mm)
+    calls["quantize_vectorwise 128×1024"] = lambda: int8.quantize_vectorwise(x_mm)
+    # float32 linears of a model
+    w_dense = rand(1536, 576)
+    x_dec, x_pre = rand(1, 576), rand(256, 576)
+    calls["dense GEMV 576→1536"] = lambda: dense.matmul_nt(x_dec, w_dense)
+    calls["dense prefill 256×576→1536"] = lambda: dense.matmul_nt(x_pre, w_dense)
+    # KV-cache pruning: SnapKV and H2O over a prompt
+    for n in (512, 4096):
+        q, k = rand(1, 9, n, 64), rand(1, 3, n, 64)
+        calls[f"snapkv_compress N={n}"] = lambda q=q, k=k: kvprune.snapkv_compress(q, k, k, capacity=n // 4)
+    q_h, k_h = rand(1, 9, 1024, 64), rand(1, 3, 1024, 64)
+    calls["h2o N=1024"] = lambda: kvprune.h2o(q_h, k_h, k_h, capacity=256)
+    return calls
+
+
+def _decode_rate(model, prompt, tokens):
+    timings = {}
+    out = model.generate(prompt, tokens, timings=timings)
+    return len(out) / timings["decode_s"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--decode", action="store_true", help="SmolLM2 decode before and after the rounds")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--torch-first", action="store_true",
+                        help="import torch before kernels (its OpenMP runtime is then the one Numba uses)")
+    args = parser.parse_args(argv)
+
+    use_torch = not args.no_torch
+    if not args.torch_first:
+        import kernels
+    if use_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            use_torch = False
+    import kernels
+
+    result = {"pool": kernels.pool_info(), "torch": use_torch, "decode_tokens_per_s": {}}
+    if args.decode:
+        from models.smollm2 import SmolLM2
+
+        model = SmolLM2(linear="int8", quantize_lm_head=True)
+        prompt = model.encode("Once upon a time")
+        model.generate(prompt, 4)  # compile
+        result["decode_tokens_per_s"]["fresh"] = max(_decode_rate(model, prompt, 48) for _ in range(3))
+        result["weight_bytes_per_token"] = model.weight_bytes_per_token()
+        from simulator.hardware.cpu import read_bandwidth
+
+        result["read_bytes_per_s"] = read_bandwidth()
+
+    rng = np.random.default_rng(0)
+    calls = _calls(rng, use_torch)
+    for fn in calls.values():  # compile and warm
+        fn()
+        fn()
+    samples = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    result["samples_s"] = samples
+    if args.decode:
+        result["decode_tokens_per_s"]["after_kernels"] = max(_decode_rate(model, prompt, 48) for _ in range(3))
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The stall benchmark: every public kernel, small and large, called 30 times interleaved with NumPy BLAS and torch
+calls, once per threading option, each option in a fresh process (``stall_probe.py``); median and p90 per call.
+
+Targets (issue 13): p90 <= 1.5 × median for every call; ``Int8Linear`` GEMV no slower than NumPy's float32 GEMV
+at 2048²; SmolLM2 decode (int8 with the int8 LM head) after the other kernels within 10% of its fresh-process
+rate and >= 0.8 of the bound that the weight bytes per token and the all-core read bandwidth set
+(tokens/s <= read B/s / weight bytes per token: every weight is read once per token).
+
+Options (environment of the child process):
+- ``ioaware``: the library's design (kernels/_threads.py): Numba's OpenMP pool with passive waits, ioaware's
+  BLAS inside it on one thread, kernels imported before torch;
+- ``torch-first``: the same with torch imported first, so that Numba shares torch's OpenMP runtime, whose wait
+  policy torch's import fixed (GNU's default: spin, then sleep);
+- ``spin``: GNU OpenMP's default spinning (``GOMP_SPINCOUNT=300000``, its documented default), as before;
+- ``passive-all``: ``OMP_WAIT_POLICY=PASSIVE`` for every OpenMP runtime in the process, torch's included;
+- ``workqueue``: Numba's workqueue layer (its threads sleep on a condition variable; not thread-safe);
+- ``oversubscribed``: the design with twice as many Numba threads as cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels._cpuinfo import cpu_model
+
+from helpers import p90
+
+ROUNDS = 30
+PROBE = Path(__file__).with_name("stall_probe.py")
+ROOT = PROBE.parent.parent
+OPTIONS = {
+    "ioaware": ({}, []),
+    "torch-first": ({}, ["--torch-first"]),
+    "spin": ({"GOMP_SPINCOUNT": "300000"}, []),
+    "passive-all": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
+    "workqueue": ({"NUMBA_THREADING_LAYER": "workqueue"}, []),
+    "oversubscribed": ({"NUMBA_NUM_THREADS": str(2 * (os.cpu_count() or 1))}, []),
+}
+P90_OVER_MEDIAN = 1.5
+DECODE_DRIFT = 0.10
+DECODE_OF_BOUND = 0.8
+
+
+def run_probe(option, out_path):
+    env_extra, flags = OPTIONS[option]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    env.update(env_extra)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, str(PROBE), "--rounds", str(ROUNDS), "--out", str(out_path), "--decode", *flags]
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=900)
+    return json.loads(Path(out_path).read_text())
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_stalls(benchmark, record, tmp_path, option):
+    pytest.importorskip("gguf", reason="the decode part needs the model extra: pip install -e .[model]")
+    result = benchmark.pedantic(run_probe, args=(option, tmp_path / "stalls.json"), rounds=1, iterations=1)
+    samples = result["samples_s"]
+    worst = max(samples, key=lambda name: p90(samples[name]) / statistics.median(samples[name]))
+    for name, xs in samples.items():
+        median = statistics.median(xs)
+        record({"bench": "stalls", "option": option, "call": name.replace(" ", "_"),
+                "median_ms": f"{median * 1e3:.3f}", "p90_ms": f"{p90(xs) * 1e3:.3f}",
+                "p90/median": f"{p90(xs) / median:.2f}"})
+    decode = result["decode_tokens_per_s"]
+    bound = result["read_bytes_per_s"] / result["weight_bytes_per_token"]
+    gemv = {n: statistics.median(samples[f"Int8Linear GEMV {n}²"]) for n in (2048, 4096)}
+    record({"bench": "stalls-summary", "option": option, "cpu": cpu_model().replace(" ", "_"),
+            "cores": os.cpu_count(), "pool": f"{result['pool']['threading_layer']}x{result['pool']['threads']}",
+            "worst_call": worst.replace(" ", "_"),
+            "worst_p90/median": f"{p90(samples[worst]) / statistics.median(samples[worst]):.2f}",
+            "int8_over_numpy_gemv_2048": f"{statistics.median(samples['numpy GEMV 2048²']) / gemv[2048]:.2f}",
+            "decode_fresh_tok/s": f"{decode['fresh']:.1f}", "decode_after_tok/s": f"{decode['after_kernels']:.1f}",
+            "read_GB/s": f"{result['read_bytes_per_s'] / 1e9:.1f}", "bound_tok/s": f"{bound:.1f}",
+            "of_bound": f"{decode['after_kernels'] / bound:.2f}"})

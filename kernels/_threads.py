@@ -1,0 +1,92 @@
+"""The threading design of ioaware: one pool, Numba's, whose threads sleep when a call returns.
+
+Every parallel loop of the CPU kernels runs on Numba's threads; every BLAS call a kernel makes runs inside one of
+those threads, on one BLAS thread (``single_threaded_blas``); no kernel calls NumPy's multithreaded BLAS. So a
+call wakes one pool, and when it returns that pool's threads sleep at once:
+
+- Numba's threading layer is OpenMP (the only thread-safe layer without a package of its own; TBB's workers spin
+  too, and the workqueue layer aborts when two Python threads launch at once), started with a *passive* wait
+  policy: at the end of a parallel region the workers block in the kernel instead of spinning.
+- BLAS called from those threads (SciPy's OpenBLAS, which Numba's ``np.dot`` uses) is limited to one thread for
+  the duration of the call, so its own pool never wakes.
+
+Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
+default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits
+for a core. Measured on a 2-vCPU Intel Xeon (Sapphire Rapids class, KVM), a 64-element parallel loop took
+1.6 us back to back but 5-6 ms whenever another pool or process held the second core; SmolLM2 decode fell from
+36 to 1.2-3.5 tokens/s with other processes running, where passive waits kept 24.5 tokens/s
+(``benchmarks/test_bench_stalls.py`` measures the options). The price is a wake-up per parallel region (tens of
+microseconds on a VM), which the kernels keep down by launching few regions per call.
+
+The wait policy is read by the OpenMP runtime once, when it is loaded: ``configure_pool`` sets it for Numba's
+runtime only (the environment is restored afterwards, so a torch imported later keeps its own default), and only
+where the user has set neither ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT``/``KMP_BLOCKTIME``. If the GNU OpenMP
+runtime was already loaded by another package, its policy cannot be changed any more: ``pool_info()`` says so.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+# Numba tries its layers in this order; OpenMP first (see the module docstring), workqueue where OpenMP is missing
+LAYER_PRIORITY = ["omp", "workqueue", "tbb"]
+
+_state: dict = {}
+_lock = threading.Lock()
+
+
+def _openmp_loaded() -> bool:
+    """True if the GNU or LLVM/Intel OpenMP runtime Numba links against is already mapped into this process."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    names = {Path(line.split()[-1]).name for line in maps.splitlines() if "/" in line}
+    return bool(names & {"libgomp.so.1", "libomp.so", "libomp.so.5", "libiomp5.so"})
+
+
+def configure_pool() -> None:
+    """Start Numba's thread pool with the design above (once per process; later calls return at once)."""
+    if _state:
+        return
+    with _lock:
+        if _state:
+            return
+        import numba
+        from numba.np.ufunc import parallel
+
+        user_policy = {name: os.environ[name] for name in _POLICY_VARIABLES if name in os.environ}
+        started_before = parallel._is_initialized  # by the user's own parallel Numba code
+        already_loaded = _openmp_loaded()
+        if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+            numba.config.THREADING_LAYER_PRIORITY = LAYER_PRIORITY
+        if not user_policy:
+            os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        try:
+            parallel._launch_threads()
+        finally:
+            if not user_policy:
+                del os.environ["OMP_WAIT_POLICY"]
+        layer = numba.threading_layer()
+        if user_policy:
+            policy = ", ".join(f"{k}={v}" for k, v in user_policy.items()) + " (set by the user)"
+        elif started_before:
+            policy = "as Numba's pool was started before ioaware was imported (set OMP_WAIT_POLICY=PASSIVE)"
+        elif layer != "omp":
+            policy = f"the {layer} layer's own"
+        elif already_loaded:
+            policy = "the OpenMP runtime's default (it was loaded before ioaware; set OMP_WAIT_POLICY=PASSIVE)"
+        else:
+            policy = "PASSIVE"
+        _state.update(layer=layer, wait_policy=policy)
+
+
+def pool_info() -> dict:
+    """What runs ioaware's parallel loops: the threading layer, its thread count and its wait policy."""
+    configure_pool()
+    import numba
+
+    return {"threading_layer": _state["layer"], "threads": numba.get_num_threads(),
+            "wait_policy": _state["wait_policy"]}
