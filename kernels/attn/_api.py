@@ -34,14 +34,38 @@ def _split_count(tasks, n_key_blocks, threads):
     return min(n_splits, n_key_blocks)
 
 
-def _flash(q, k, v, scale, causal, block_q, block_k):
-    B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    Br, Bc = default_blocks(d, q.itemsize, Hq // Hkv)
+def _flash_plan(B, Hq, Hkv, Nq, Nk, d, itemsize, block_q, block_k):
+    """(Br, Bc, n_splits, tasks) of the CPU flash kernel for these sizes."""
+    Br, Bc = default_blocks(d, itemsize, Hq // Hkv)
     Br = min(block_q or Br, max(Nq, 1))
     Bc = min(block_k or Bc, max(Nk, 1))
     Tr = math.ceil(Nq / Br)
     n_splits = _split_count(B * Hkv * Tr, math.ceil(Nk / Bc), _numba_cpu.num_threads())
+    return Br, Bc, n_splits, B * Hkv * Tr * n_splits
+
+
+def flash_memory_bytes(q_shape, k_shape, itemsize, *, block_q=None, block_k=None) -> int:
+    """Bytes the CPU flash kernel allocates for (B, Hq, Nq, d) queries and (B, Hkv, Nk, d) keys in a dtype of
+    ``itemsize`` bytes, output included: o and lse, the split-KV partial results, and each running task's tiles.
+
+    A task holds Q_i, O_i and the P·V product (rows × d each), S and P (rows × Bc each) and m_i, l_i, alpha
+    (rows each), rows = (Hq / Hkv) · Br (``flash_forward`` in ``_numba_cpu.py``); at most one task per thread runs
+    at a time. This is the O(N·d) of FlashAttention, against the O(N²) of the standard algorithm's S and P.
+    """
+    B, Hq, Nq, d = q_shape
+    Hkv, Nk = k_shape[1], k_shape[2]
+    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, itemsize, block_q, block_k)
+    rows = (Hq // Hkv) * Br
+    task_elems = 3 * rows * d + 2 * rows * Bc + 3 * rows
+    out_elems = B * Hq * Nq * (d + 1)  # o and lse
+    split_elems = n_splits * out_elems if n_splits > 1 else 0
+    return (out_elems + split_elems + min(tasks, _numba_cpu.num_threads()) * task_elems) * itemsize
+
+
+def _flash(q, k, v, scale, causal, block_q, block_k):
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    Br, Bc, n_splits, _ = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k)
     o = np.empty_like(q)
     lse = np.empty((B, Hq, Nq), dtype=q.dtype)
     if n_splits > 1:

@@ -194,6 +194,27 @@ def test_decode_allocates_no_n_squared(rng):
         assert_close(o, reference(q, k, v, causal=True), "float32")
 
 
+@pytest.mark.parametrize("q_shape, k_shape, blocks", [
+    ((1, 8, 512, 64), (1, 8, 512, 64), (None, None)),
+    ((2, 9, 300, 32), (2, 3, 300, 32), (64, 96)),
+    ((1, 9, 1, 64), (1, 3, 5000, 64), (None, 128)),  # decode: split-KV partial results
+])
+def test_flash_allocates_what_its_tiles_predict(rng, q_shape, k_shape, blocks):
+    # the bound comes from the kernel's own tile sizes and thread count, not from one machine's run
+    import tracemalloc
+
+    q = rng.standard_normal(q_shape, dtype=np.float32)
+    k, v = (rng.standard_normal(k_shape, dtype=np.float32) for _ in range(2))
+    block_q, block_k = blocks
+    kernels.attention(q, k, v, causal=True, block_q=block_q, block_k=block_k)  # compile outside the trace
+    predicted = kernels.attn.flash_memory_bytes(q_shape, k_shape, 4, block_q=block_q, block_k=block_k)
+    tracemalloc.start()
+    o = kernels.attention(q, k, v, causal=True, block_q=block_q, block_k=block_k)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert o.nbytes <= peak <= predicted + 64 * 1024  # + bookkeeping of a call (array headers, Python objects)
+
+
 def test_standard_refuses_what_does_not_fit(rng, monkeypatch):
     q, k, v = _inputs(rng, Case(64, 64, 8, Hq=2, Hkv=2))
     predicted = 2 * 1 * 2 * 64 * 64 * 4 + 64 * 64  # S and P in float32 + the bool mask

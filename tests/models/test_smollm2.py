@@ -83,11 +83,15 @@ def test_perplexity_on_the_help_topics(model, evaluation_ids):
 
 
 def test_int8_perplexity_stays_close(model, gguf_path, evaluation_ids):
-    # measured on 1024 tokens: fp32 12.72, int8 with float16 outlier rows 12.94 (+1.7%), int8 weights only
-    # 13.08 (+2.8%), naive per-tensor int8 24.1
+    # measured on 1024 tokens, int8 with float16 outlier rows against fp32 12.72: 12.94 (+1.7%) on an AMD Zen 4,
+    # 13.005 (+2.2%) on an Intel Xeon (Sapphire Rapids class), 12.983 (+2.1%) there with the kernels compiled for
+    # x86-64-v3; int8 weights only 13.05-13.08, naive per-tensor int8 24.1. The int8 kernels give the same bits on
+    # every target (test_int8.py); the fp32 kernels do not (vectorized sums follow the vector width, BLAS picks its
+    # kernel per CPU), and int8's rounding of the activations turns those last-bit differences into ±0.3% of
+    # perplexity. Hence 3%: the paper's "no degradation" within what one CPU's rounding moves.
     fp32 = model.perplexity(evaluation_ids)
     paper = SmolLM2(gguf_path, linear="int8", keep_fp16_weights=True).perplexity(evaluation_ids)
-    assert paper <= 1.02 * fp32
+    assert paper <= 1.03 * fp32
     naive = SmolLM2(gguf_path, linear="naive-int8").perplexity(evaluation_ids)
     assert naive > 1.3 * paper
 
