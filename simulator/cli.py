@@ -33,21 +33,27 @@ def _positive(text):
 
 def _report(args) -> int:
     from .hardware import cpu_spec
-    from .report import build_report, default_out_dir
+    from .report import SECTIONS, build_report, default_out_dir, planned_steps
 
     out = Path(args.out) if args.out else default_out_dir()
     if out.exists():
         print(f"error: --out {out} already exists; choose another directory", file=sys.stderr)
         return 2
-    with tqdm(desc="report", unit="step", file=sys.stderr, disable=args.no_progress) as bar:
-        def progress(description):
+    total = 1 + planned_steps(SECTIONS, args.quick)  # the spec, then the sections' steps (tqdm shows an ETA)
+    with tqdm(desc="report", unit="step", total=total, file=sys.stderr, disable=args.no_progress) as bar:
+        started = []
+
+        def progress(description):  # called as a step starts: the bar counts the steps finished before it
+            if started:
+                bar.update(1)
+            started.append(description)
             bar.set_postfix_str(description)
-            bar.update(1)
 
         progress("calibrating this machine" if args.recalibrate else "this machine's spec")
         cpu = cpu_spec(force=args.recalibrate)
         path = build_report(out, quick=args.quick, seed=args.seed, hardware=args.hardware, cpu=cpu,
                             progress=progress)
+        bar.update(bar.total - bar.n)  # the last step (and any a skipped section did not take)
     print(f"report written to {path / 'index.md'} and {path / 'index.html'}")
     return 0
 

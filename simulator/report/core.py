@@ -38,6 +38,20 @@ class Section:
     files: tuple[str, ...] = field(default_factory=tuple)
 
 
+def planned(steps):
+    """Declare how many times a section calls ``ctx.step``: ``steps(quick) -> int``, for the progress bar's total
+    (the quick report's test checks the declarations against the calls)."""
+    def mark(section):
+        section.planned_steps = steps
+        return section
+    return mark
+
+
+def planned_steps(sections, quick: bool) -> int:
+    """The ``ctx.step`` calls the sections declare (0 for a section that declares none)."""
+    return sum(getattr(section, "planned_steps", lambda quick: 0)(quick) for section in sections)
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     """Write dict rows with the first row's keys as the header (units belong in the column names)."""
     with open(path, "w", newline="") as f:

@@ -10,7 +10,7 @@ from models import PRESETS, weight_bytes
 from .. import costs
 from ..measure import time_call
 from .charts import figure, save
-from .core import RunContext, Section, read_csv, write_csv
+from .core import RunContext, Section, planned, read_csv, write_csv
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 THRESHOLDS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0, 40.0, 80.0)
@@ -26,6 +26,10 @@ def planted_inputs(rng, m, k, n):
     return x, w
 
 
+GEMV_SIZES = {True: (1024, 2048, 4096), False: (1024, 2048, 4096, 8192)}  # keyed by quick
+
+
+@planned(lambda quick: 2 + len(GEMV_SIZES[quick]))  # weight memory, error vs threshold, one per GEMV size
 def int8_section(ctx: RunContext) -> Section:
     ctx.step("int8: weight memory")
     mem_rows = [{"model": name, "precision": p, "weight_bytes": weight_bytes(cfg, p)}
@@ -51,9 +55,8 @@ def int8_section(ctx: RunContext) -> Section:
         row.update(naive_mean_rel_error=f"{naive:.4g}", fp16_mean_rel_error=f"{fp16:.4g}")
     write_csv(ctx.directory / "int8_error.csv", err_rows)
 
-    sizes = (1024, 2048, 4096) if ctx.quick else (1024, 2048, 4096, 8192)
     gemv_rows = []
-    for k in sizes:
+    for k in GEMV_SIZES[ctx.quick]:
         ctx.step(f"int8: GEMV {k}x{k}")
         x1, w1 = planted_inputs(rng, 1, k, k)
         int8_layer = Int8Linear.from_float(w1)

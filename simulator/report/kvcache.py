@@ -15,7 +15,7 @@ from models import get_config, kv_cache_bytes
 from .. import costs
 from ..measure import time_call
 from .charts import figure, save
-from .core import RunContext, Section, read_csv, write_csv
+from .core import RunContext, Section, planned, read_csv, write_csv
 
 MODELS = ("smollm2-135m", "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b")
 CONTEXTS = (1024, 4096, 16384, 32768, 65536, 131072)
@@ -23,6 +23,10 @@ BUDGETS = (1024, 4096)
 HQ, HKV, D = 9, 3, 64  # SmolLM2-135M's attention layout
 
 
+DECODE_SIZES = {True: (4096, 8192), False: (4096, 16384, 65536)}  # keyed by quick
+
+
+@planned(lambda quick: 1 + len(DECODE_SIZES[quick]))  # cache memory, one per decode size
 def kvcache_section(ctx: RunContext) -> Section:
     ctx.step("KV cache memory")
     mem_rows = []
@@ -33,12 +37,11 @@ def kvcache_section(ctx: RunContext) -> Section:
                              **{f"capacity_{c}_bytes": kv_cache_bytes(cfg, min(n, c)) for c in BUDGETS}})
     write_csv(ctx.directory / "kv_cache_memory.csv", mem_rows)
 
-    sizes = (4096, 16384) if ctx.quick else (4096, 16384, 65536)
     capacity = 1024
     llc = cache_sizes().get("L3", 32 * 2**20)
     rng = np.random.default_rng(ctx.seed)
     rows = []
-    for n in sizes:
+    for n in DECODE_SIZES[ctx.quick]:
         ctx.step(f"decode full vs pruned, N={n}")
         q = rng.standard_normal((1, HQ, n, D), dtype=np.float32)
         k, v = (rng.standard_normal((1, HKV, n, D), dtype=np.float32) for _ in range(2))
@@ -67,7 +70,7 @@ def kvcache_section(ctx: RunContext) -> Section:
     l70 = by[("llama-3.1-70b", 131072)]
     l2 = by[("llama-2-7b", 32768)]
     timing = {(int(r["n"]), r["cache"]): r for r in rows}
-    n_big = sizes[-1]
+    n_big = DECODE_SIZES[ctx.quick][-1]
     full_t = float(timing[(n_big, "full")]["measured_s"])
     pruned_t = float(timing[(n_big, "snapkv")]["measured_s"])
     pred = float(timing[(n_big, "full")]["predicted_s"]) / float(timing[(n_big, "snapkv")]["predicted_s"])

@@ -13,7 +13,7 @@ from kernels.attn import default_blocks
 from .. import costs
 from ..measure import peak_memory, time_call
 from .charts import ALGO_COLORS, figure, save
-from .core import RunContext, Section, read_csv, write_csv
+from .core import RunContext, Section, planned, read_csv, write_csv
 
 ATTN_HEADS = 8
 ATTN_D = 64
@@ -61,6 +61,7 @@ def _predict(cpu, algorithm, n, causal):
     return float(timing.seconds), int(cost.hbm_bytes), bound
 
 
+@planned(lambda quick: 4 * len(ATTN_SIZES[quick]))  # standard and flash, with and without the mask
 def attention_cpu_section(ctx: RunContext) -> Section:
     """Time and peak memory of standard vs flash attention on this CPU vs N (B=1, H=8, d=64, float32), beside the
     time the cost model predicts for each with the calibrated spec."""

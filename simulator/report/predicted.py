@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import costs, hardware as hw_module
 from .charts import ALGO_COLORS, ALGO_LABELS, TENSOR_COLORS, figure, save
-from .core import RunContext, Section, read_csv, write_csv
+from .core import RunContext, Section, planned, read_csv, write_csv
 
 HEADS, D = 16, 64
 ALGORITHMS = {"standard": costs.standard_forward, "flash1": costs.flash1_forward, "flash2": costs.flash2_forward}
@@ -28,6 +28,7 @@ def _tensor_bytes(cost, tensor):
     return sum(int(cost.reads.get(t, 0)) + int(cost.writes.get(t, 0)) for t in names)
 
 
+@planned(lambda quick: 2)  # the GPU preset and this CPU
 def bytes_by_tensor_section(ctx: RunContext) -> Section:
     """HBM bytes of standard, FlashAttention-1 and -2, stacked by tensor, vs N, for the chosen preset and this CPU."""
     sizes = (1024, 4096, 16384) if ctx.quick else (1024, 4096, 16384, 65536)
@@ -94,6 +95,7 @@ SRAM_KIB = (16, 32, 64, 96, 128, 164, 228, 256)
 BLOCK_ROWS = (8, 16, 32, 64, 128, 256)
 
 
+@planned(lambda quick: 1)
 def sram_sweep_section(ctx: RunContext) -> Section:
     """Bytes and predicted time vs SRAM size (tiles from the paper's rule) and vs the FA-2 query block size."""
     hw = ctx.hardware
@@ -169,6 +171,7 @@ def plot_sram_sweep(csv_path, png_path, hw_name, n) -> None:
     save(fig, png_path)
 
 
+@planned(lambda quick: 1)
 def roofline_section(ctx: RunContext) -> Section:
     """The roofline of the chosen hardware with each algorithm's (arithmetic intensity, attained FLOP/s) point."""
     hw = ctx.hardware
@@ -245,6 +248,7 @@ def across_hardware_rows():
     return rows
 
 
+@planned(lambda quick: 1)
 def across_hardware_section(ctx: RunContext) -> Section:
     ctx.step("across hardware")
     rows = across_hardware_rows()
