@@ -19,9 +19,9 @@ class Timing:
     repeats: int
 
 
-# Idle time before a measurement. OpenBLAS's worker threads spin for about 2^28 cycles (~0.1 s) after a call,
-# and OpenMP's (Numba's threading layer) spin too: without a pause, the previous measurement's pool steals the
-# cores from the next (measured: flash attention at N=512 ran 2x slower right after NumPy's BLAS had run).
+# Idle time before a measurement. NumPy's OpenBLAS worker threads spin for about 2^28 cycles (~0.1 s) after a
+# call (ioaware's own pool sleeps at once, kernels/_threads.py): without a pause, a NumPy BLAS call measured just
+# before steals the cores from the next measurement (flash attention at N=512 ran 2x slower right after it).
 SETTLE_S = 0.3
 
 
