@@ -3,6 +3,7 @@
 ``kernels.attention`` is exact attention (FlashAttention-2 on the CPU, or the standard algorithm); its float64
 oracle is ``kernels.attn.reference``.
 """
-from .attn import InsufficientMemoryError, attention
+from ._common.memory import InsufficientMemoryError
+from .attn import attention
 
 __all__ = ["InsufficientMemoryError", "attention"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import user_cache_dir
+from kernels.cpuinfo import user_cache_dir
 from kernels.dense import matmul_nt
 
 from .configs import get_config

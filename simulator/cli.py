@@ -12,9 +12,14 @@ DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 def _hardware(name):
-    """argparse type: a preset name, 'cpu', or a TOML path; unknown names list the known ones."""
+    """argparse type: a preset name, 'cpu' (this machine, calibrated), or a TOML path; unknown names list the
+    known ones."""
     from .hardware import load
 
+    if name.lower() == "cpu":
+        from .calibrate import cpu_spec
+
+        return cpu_spec()
     try:
         return load(name)
     except ValueError as err:
@@ -32,7 +37,7 @@ def _positive(text):
 
 
 def _report(args) -> int:
-    from .hardware import cpu_spec
+    from .calibrate import cpu_spec
     from .report import build_report, default_out_dir
 
     out = Path(args.out) if args.out else default_out_dir()
@@ -112,7 +117,8 @@ def _costs(args) -> int:
 
 
 def _hardware_cmd(args) -> int:
-    from .hardware import cpu_spec, load, preset_names
+    from .calibrate import cpu_spec
+    from .hardware import load, preset_names
 
     specs = [load(name) for name in preset_names()] + [cpu_spec(force=args.recalibrate)]
     header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",

@@ -449,7 +449,7 @@ def _chart(path, bench, dram):
 
 def run(out_dir: Path, quick: bool = False, progress=print) -> int:
     """Run the whole check into ``out_dir``; returns 0 if every correctness case passed, else 1."""
-    from kernels import _gpu
+    from kernels._common import gpu as _gpu
 
     if _gpu.cupy_module() is None or _gpu.numba_cuda() is None or _gpu.simulated():
         progress("gpu-check needs a CUDA device with CuPy and numba-cuda (and NUMBA_ENABLE_CUDASIM unset)")

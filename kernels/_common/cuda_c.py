@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _gpu
+from . import gpu as _gpu
 
 COMPILE_OPTIONS = ("-std=c++17",)
 

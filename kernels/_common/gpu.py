@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from .memory import InsufficientMemoryError
+
 # Static shared memory per block on every CUDA GPU since compute capability 2.0; more needs an explicit opt-in
 # (CUDA C++ Programming Guide, "Compute Capabilities", table "Technical Specifications per Compute Capability":
 # maximum shared memory per block 48 KB without opt-in).
@@ -137,8 +139,6 @@ def free_device_bytes(tier: str) -> float:
 
 def ensure_device_fits(nbytes: int, what: str, tier: str = "numba-cuda") -> None:
     """Refuse, before allocating, work whose device memory exceeds what is free on the device."""
-    from .attn._memory import InsufficientMemoryError
-
     free = free_device_bytes(tier)
     if nbytes > free:
         raise InsufficientMemoryError(f"{what} would allocate {nbytes / 2**30:.2f} GiB on the GPU, but only "

@@ -6,10 +6,10 @@ import math
 import numpy as np
 
 from . import _numba_cpu
-from .. import _gpu
+from .._common import gpu as _gpu
 from .._blas import single_threaded_blas
 from ._blocks import default_blocks
-from ._memory import ensure_fits
+from .._common.memory import ensure_fits
 from ._standard import standard_forward
 from ._validate import COMPUTE_DTYPE, as_compute_4d, validate
 
@@ -76,6 +76,7 @@ def _resolve_backend(backend, q):
 
 def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
     """Run on the Numba-CUDA tier; NumPy in, NumPy out; device arrays in, device arrays out."""
+    from .._common.numba_cuda import cast
     from . import _numba_cuda
 
     on_host = isinstance(q, np.ndarray)
@@ -84,20 +85,20 @@ def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
 
     def device_4d(x):
         x = _gpu.to_numba(np.ascontiguousarray(x, dtype=compute) if on_host else _gpu.contiguous(x))
-        return _numba_cuda.cast(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), compute)
+        return cast(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), compute)
 
     q4, k4, v4 = device_4d(q), device_4d(k), device_4d(v)
     if algorithm == "standard":
         o, lse = _numba_cuda.standard_forward(q4, k4, v4, scale, causal)
     else:
         o, lse = _numba_cuda.flash_forward(q4, k4, v4, scale, causal, block_q, block_k)
-    o = _numba_cuda.cast(o, np.dtype(q.dtype)).reshape(shape)
+    o = cast(o, np.dtype(q.dtype)).reshape(shape)
     return _gpu.like_input(o, on_host), _gpu.like_input(lse.reshape(shape[:-1]), on_host)
 
 
 def _on_cupy(q, k, v, scale, causal, algorithm):
     """Run on the CUDA C tier (tensor cores): float16, head dims 64 and 128."""
-    from .. import _cupy
+    from .._common import cuda_c as _cupy
     from . import _cupy as tier2
 
     shape = tuple(q.shape)

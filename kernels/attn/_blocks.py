@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .._cpuinfo import l2_bytes
+from ..cpuinfo import l2_bytes
 
 MIN_BLOCK = 16  # below this a block matmul is dominated by call overhead
 MAX_BLOCK_K = 512  # measured by hand (block sweep at N=4096, d=64): slower past 256-512 key rows on the Zen 4

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy, _gpu
+from .._common import cuda_c as _cupy, gpu as _gpu
 
 SOURCE = Path(__file__).with_name("flash_attention.cu")
 HEAD_DIMS = (64, 128)  # the head dims the tensor-core kernel is built for

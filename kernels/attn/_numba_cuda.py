@@ -23,8 +23,8 @@ import math
 import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
-from .. import _gpu
-from .._numba_cuda_device import block_max, block_sum
+from .._common import gpu as _gpu
+from .._common.numba_cuda import block_max, block_sum, fill
 
 # Launch shapes of the standard algorithm and the split combine. Under Numba's simulator every thread is a Python
 # thread, so there the blocks shrink (the kernels take any power-of-two size; the tests run both).
@@ -335,45 +335,10 @@ def standard_forward(q, k, v, scale, causal, tile=None, threads=None):
     if B * Hq * Nq == 0:
         return o, lse
     if Nk == 0:  # no keys at all: zeros and lse = −inf
-        _fill(o, 0.0)
-        _fill(lse, -math.inf)
+        fill(o, 0.0)
+        fill(lse, -math.inf)
         return o, lse
     scores[(math.ceil(Nk / T), math.ceil(Nq / T), B * Hq), (T, T)](q, k, s, np.dtype(q.dtype).type(scale), causal)
     softmax[B * Hq * Nq, threads](s.reshape(B * Hq * Nq, Nk), lse.reshape(B * Hq * Nq))
     pv[(math.ceil(d / T), math.ceil(Nq / T), B * Hq), (T, T)](s, v, o)
     return o, lse
-
-
-@functools.lru_cache(maxsize=None)
-def _elementwise_kernels():
-
-    @cuda.jit
-    def fill(x, value):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] = value
-
-    @cuda.jit
-    def cast(src, dst):
-        i = cuda.grid(1)
-        if i < src.size:
-            dst[i] = src[i]
-
-    return fill, cast
-
-
-def _fill(x, value):
-    fill, _ = _elementwise_kernels()
-    flat = x.reshape(x.size)
-    fill[_gpu.launch_1d(x.size, 256)](flat, value)
-
-
-def cast(x, dtype):
-    """A contiguous device copy of device array ``x`` in ``dtype`` (or ``x`` itself when it already is)."""
-    if np.dtype(x.dtype) == np.dtype(dtype):
-        return x
-    out = cuda.device_array(x.shape, dtype=dtype)
-    if x.size:
-        _, kernel = _elementwise_kernels()
-        kernel[_gpu.launch_1d(x.size, 256)](x.reshape(x.size), out.reshape(x.size))
-    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._memory import ensure_fits
+from .._common.memory import ensure_fits
 
 
 def standard_bytes(B, Hq, Nq, Nk, itemsize, causal):

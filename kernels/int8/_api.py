@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
-
-from .. import _gpu
+from .._common import gpu as _gpu
+from .._common.dtypes import check_float_dtype
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
@@ -19,8 +18,7 @@ GEMM_TILE = (32, 128)  # BM rows of X by BN rows of Wᵀ per task (measured: 32x
 def _check_float(name, x, ndim=None):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
-    if x.dtype not in COMPUTE_DTYPE:
-        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+    check_float_dtype(name, x)
     if ndim == "matrix" and x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (K, N); got shape {x.shape}")
     if ndim == "vectors" and x.ndim < 1:
@@ -216,7 +214,7 @@ def _int8_matmul_numba_cuda(x, w, threshold):
 
 def _int8_matmul_cupy(x, w, threshold):
     """``int8_matmul`` on the CUDA C tier (tensor cores): NumPy in, NumPy out; device arrays in, CuPy out."""
-    from .. import _cupy
+    from .._common import cuda_c as _cupy
     from . import _cupy as tier2
 
     cupy = _cupy.require_cupy()
@@ -248,8 +246,7 @@ def _check_any_float(name, x, ndim):
 def _check_device_float(name, x, ndim):
     from . import _numba_cuda
 
-    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
-        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+    check_float_dtype(name, x)
     if ndim == "matrix" and x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (K, N); got shape {x.shape}")
     if ndim == "vectors" and x.ndim < 1:

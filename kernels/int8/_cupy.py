@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy, _gpu
+from .._common import cuda_c as _cupy, gpu as _gpu
 
 SOURCE = Path(__file__).with_name("int8_matmul.cu")
 ROW_THREADS = 256  # threads per row of the quantizer (a power of two: tree reduction)

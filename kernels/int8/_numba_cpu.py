@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..attn._numba_cpu import _as_float, _as_int
+from .._common.numba_cpu import as_float, as_int
 
 QMAX = 127  # symmetric int8 range (LLM.int8() §3.1)
 # An int32 sum of K products, each at most 127², is exact while K <= floor((2^31 - 1) / 127²).
@@ -162,9 +162,9 @@ def round_to_float16(v):
         return v * np.float32(np.inf)  # ±inf (and NaN stays NaN)
     if a < np.float32(FLOAT16_MIN_NORMAL):
         return np.rint(v * np.float32(2.0**24)) * np.float32(2.0**-24)
-    bits = np.int64(_as_int(v))  # (Numba widens int32 arithmetic to int64: do it explicitly, narrow at the end)
+    bits = np.int64(as_int(v))  # (Numba widens int32 arithmetic to int64: do it explicitly, narrow at the end)
     bits = (bits + 0x0FFF + ((bits >> 13) & 1)) & ~np.int64(0x1FFF)  # round, then clear the 13 dropped bits
-    return _as_float(np.int32(bits))
+    return as_float(np.int32(bits))
 
 
 @njit(parallel=True, cache=True)

@@ -26,8 +26,8 @@ import math
 import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
-from .. import _gpu
-from .._numba_cuda_device import block_max
+from .._common import gpu as _gpu
+from .._common.numba_cuda import block_max, cast
 from ._numba_cpu import QMAX
 
 # Under the simulator every thread is a Python thread: smaller blocks there (any power of two works).
@@ -228,6 +228,4 @@ def all_finite(x) -> bool:
 
 def cast_f32(x):
     """A contiguous float32 device copy of the device array x (x itself when it already is float32)."""
-    from ..attn._numba_cuda import cast
-
     return cast(x, np.float32)

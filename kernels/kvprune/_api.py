@@ -7,9 +7,8 @@ import numbers
 
 import numpy as np
 
-from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
-
-from .. import _gpu
+from .._common import gpu as _gpu
+from .._common.dtypes import check_float_dtype
 from .._blas import single_threaded_blas
 from . import _numba_cpu
 
@@ -33,7 +32,7 @@ def _backend(backend, x):
 
 def _device_inputs(on_host, dtype, *arrays):
     """Numba device views (or copies, for NumPy input) of ``arrays`` in the compute dtype."""
-    from ..attn._numba_cuda import cast
+    from .._common.numba_cuda import cast
 
     return [cast(_gpu.to_numba(np.ascontiguousarray(x) if on_host else _gpu.contiguous(x)), dtype)
             for x in arrays]
@@ -56,8 +55,7 @@ def _check_inputs(q, k, v=None, *, device_ok=False):
         if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
             expected = "a numpy.ndarray or a device array" if device_ok else "a numpy.ndarray"
             raise TypeError(f"{name} must be {expected}; got {type(x).__name__}")
-        if np.dtype(x.dtype) not in COMPUTE_DTYPE:
-            raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+        check_float_dtype(name, x)
         if x.ndim != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, d); got shape {x.shape}")
     if v is not None and k.shape != v.shape:
@@ -123,7 +121,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
         raise ValueError(f"the window ({w} queries) must be shorter than the prompt (N = {N})")
     dt = _compute_dtype(q_window)
     if backend == "cupy":
-        from .. import _cupy
+        from .._common import cuda_c as _cupy
         from . import _cupy as tier2
 
         scores = tier2.snapkv_scores(q_window, k, kernel_size, pooling, gqa)
@@ -255,14 +253,14 @@ def _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa):
     if on_host:
         k_c, v_c = k_c.copy_to_host().astype(k.dtype, copy=False), v_c.copy_to_host().astype(k.dtype, copy=False)
         return k_c, v_c, kept.copy_to_host()
-    from ..attn._numba_cuda import cast
+    from .._common.numba_cuda import cast
 
     return (_gpu.like_input(cast(k_c, np.dtype(k.dtype)), False), _gpu.like_input(cast(v_c, np.dtype(k.dtype)), False),
             _gpu.like_input(kept, False))
 
 
 def _snapkv_cupy(q, k, v, capacity, window, kernel_size, pooling, gqa):
-    from .. import _cupy
+    from .._common import cuda_c as _cupy
     from . import _cupy as tier2
 
     cupy = _cupy.require_cupy()

@@ -24,8 +24,8 @@ import math
 import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
-from .. import _gpu
-from .._numba_cuda_device import block_max, block_sum
+from .._common import gpu as _gpu
+from .._common.numba_cuda import block_max, block_sum
 
 ROW_THREADS = 8 if _gpu.simulated() else 128  # threads per window row (a power of two: tree reductions)
 FLAT_THREADS = 32 if _gpu.simulated() else 256

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import cache_sizes, cpu_model
+from kernels.cpuinfo import cache_sizes, cpu_model
 from kernels.attn import default_blocks
 
 from .. import costs

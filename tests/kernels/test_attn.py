@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels.attn import _memory, reference
+from kernels._common import memory as _memory
+from kernels.attn import reference
 from tests.conftest import TOLERANCES, assert_close
 
 ALGORITHMS = ("flash", "standard")
@@ -226,7 +227,8 @@ def test_vectorized_exp_of_the_flash_kernel(rng, dtype, max_rel_err):
     # arguments <= 0 against the row max, and up to log(RESCALE_LIMIT) above a stale maximum
     from numba import njit
 
-    from kernels.attn._numba_cpu import EXP_MIN_F32, RESCALE_LIMIT, exp_row
+    from kernels._common.numba_cpu import EXP_MIN_F32, exp_row
+    from kernels.attn._numba_cpu import RESCALE_LIMIT
 
     @njit
     def run(s, p, m, c):

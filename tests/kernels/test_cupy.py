@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import _gpu
+from kernels._common import gpu as _gpu
 
 if _gpu.cupy_module() is None or _gpu.simulated():
     pytest.skip("needs CuPy and a CUDA device (NUMBA_ENABLE_CUDASIM off)", allow_module_level=True)

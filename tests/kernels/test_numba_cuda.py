@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("numba.cuda", reason="Numba's CUDA target is not installed (pip install -e .[gpu])")
 
 import kernels  # noqa: E402
-from kernels import _gpu, int8, kvprune  # noqa: E402
+from kernels import int8, kvprune  # noqa: E402
+from kernels._common import gpu as _gpu  # noqa: E402
 from kernels.attn import reference  # noqa: E402
 
 from tests.conftest import assert_close  # noqa: E402

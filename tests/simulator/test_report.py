@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import hardware, report
+from simulator import calibrate, hardware, report
 from simulator.cli import main
 from simulator.report import RunContext, Section, build_report, read_csv
 
@@ -24,10 +24,10 @@ def tiny_sizes(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cpu_spec(tmp_path_factory):
-    import os
-
-    os.environ.setdefault("IOAWARE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    return hardware.cpu_spec()
+    """This machine's spec, calibrated into a cache directory of this module's own (undone after the module)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IOAWARE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield calibrate.cpu_spec()
 
 
 def _png_size(path: Path):
