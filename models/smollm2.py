@@ -141,10 +141,9 @@ def _linear(w, mode, keep_fp16_weights=False):
     from kernels.int8 import Int8Linear, naive_absmax_matmul
 
     if mode == "int8":
-        return Int8Linear.from_float(np.ascontiguousarray(w.T), keep_fp16_weights=keep_fp16_weights)
+        return Int8Linear.from_float(w, keep_fp16_weights=keep_fp16_weights)
     if mode == "naive-int8":
-        w_t = np.ascontiguousarray(w.T)
-        return lambda x: naive_absmax_matmul(x, w_t)
+        return lambda x: naive_absmax_matmul(x, w)
     raise ValueError(f"unknown linear {mode!r}; known: 'fp32', 'int8', 'naive-int8'")
 
 

@@ -74,27 +74,6 @@ def _quantize_row(x, m, skip, x_i8, absmax):
         x_i8[m, k] = 0 if skip[k] else np.int8(np.rint(x[m, k] * scale))
 
 
-@njit(parallel=True, cache=True)
-def quantize_columns_transposed(w, w_i8_t, absmax):
-    """Column-wise absmax quantization of float32 w (K, N), written transposed: w_i8_t (N, K), absmax (N,)."""
-    K, N = w.shape
-    n_strips = (N + COL_BLOCK - 1) // COL_BLOCK
-    for strip in prange(n_strips):
-        n0 = strip * COL_BLOCK
-        n1 = min(n0 + COL_BLOCK, N)
-        for n in range(n0, n1):
-            absmax[n] = 0.0
-        for k in range(K):
-            for n in range(n0, n1):
-                a = abs(w[k, n])
-                if a > absmax[n]:
-                    absmax[n] = a
-        for n in range(n0, n1):
-            scale = np.float32(QMAX) / absmax[n] if absmax[n] > 0 else np.float32(0.0)
-            for k in range(K):
-                w_i8_t[n, k] = np.int8(np.rint(w[k, n] * scale))
-
-
 @njit(parallel=True, fastmath=True, cache=True)
 def gemm_i8(x_i8, w_i8_t, out, BM, BN):
     """out[m, n] = Σ_k x_i8[m, k] · w_i8_t[n, k] in int32 (exact for K <= MAX_EXACT_K).
@@ -176,7 +155,7 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
     2. vector-wise quantization of the rows over the regular dimensions (as ``quantize_rows``);
     3. per block of outputs: the exact int32 dot products, the dequantization (as ``dequantize``), and the
        float16 outlier product, x and the int8 weight rows rounded to float16 (the weight dequantized as
-       ``Int8Weight.outlier_rows_fp16`` does), added in the order ``add_outlier_product`` adds them.
+       ``Int8Weight.outlier_weights_fp16`` does), added in the order ``add_outlier_product`` adds them.
     Steps 1-2 are serial (M·K values); no fastmath, so that every rounding is the CPU tier's (an approximate
     reciprocal would change the int8 values), and LLVM vectorizes the int32 sum without it."""
     M, K = x.shape

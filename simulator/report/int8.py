@@ -18,11 +18,12 @@ N_OUTLIERS = 4
 
 
 def planted_inputs(rng, m, k, n):
-    """Activations with N_OUTLIERS hidden dimensions of magnitude 20-60 (the emergent features of LLM.int8() §4)."""
+    """Activations x (m, k) with N_OUTLIERS hidden dimensions of magnitude 20-60 (the emergent features of LLM.int8()
+    §4), and a weight w (n, k) = (out, in)."""
     x = rng.standard_normal((m, k)).astype(np.float32)
     cols = rng.choice(k, N_OUTLIERS, replace=False)
     x[:, cols] = (rng.uniform(20, 60, (m, N_OUTLIERS)) * rng.choice([-1, 1], (m, N_OUTLIERS))).astype(np.float32)
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # (out, in)
     return x, w
 
 
@@ -35,17 +36,17 @@ def int8_section(ctx: RunContext) -> Section:
     ctx.step("int8: error vs threshold")
     rng = np.random.default_rng(ctx.seed)
     x, w = planted_inputs(rng, 16, 4096, 256)
-    exact = x.astype(np.float64) @ w.astype(np.float64)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
     scale = float(np.abs(exact).mean())
     err_rows = []
     layer = Int8Linear.from_float(w)
     for t in THRESHOLDS:
         layer.threshold = t
-        y = layer(x)
-        err_rows.append({"threshold": t, "outlier_dims": int(layer.outlier_dims.size),
+        y, outlier_dims = layer(x, return_outliers=True)
+        err_rows.append({"threshold": t, "outlier_dims": int(outlier_dims.size),
                          "mean_rel_error": f"{np.abs(y - exact).mean() / scale:.4g}"})
     naive = float(np.abs(naive_absmax_matmul(x, w) - exact).mean() / scale)
-    fp16 = float(np.abs(x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64)
+    fp16 = float(np.abs(x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
                         - exact).mean() / scale)
     for row in err_rows:
         row.update(naive_mean_rel_error=f"{naive:.4g}", fp16_mean_rel_error=f"{fp16:.4g}")
@@ -58,7 +59,7 @@ def int8_section(ctx: RunContext) -> Section:
         x1, w1 = planted_inputs(rng, 1, k, k)
         int8_layer = Int8Linear.from_float(w1)
         t_int8 = time_call(lambda layer=int8_layer, x=x1: layer(x), repeats=15, warmup=3).median_s
-        t_fp32 = time_call(lambda x=x1, w=w1: x @ w, repeats=15, warmup=3).median_s
+        t_fp32 = time_call(lambda x=x1, w=w1: x @ w.T, repeats=15, warmup=3).median_s
         dense = costs.dense(1, k, k, elem_bytes=4, flop_kind="fp32").time(ctx.cpu).seconds
         split = costs.int8_split(1, k, k, N_OUTLIERS, elem_bytes=4).time(ctx.cpu).seconds
         gemv_rows.append({"k": k, "n": k, "int8_s": f"{t_int8:.6g}", "fp32_s": f"{t_fp32:.6g}",

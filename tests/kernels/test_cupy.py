@@ -61,7 +61,7 @@ def test_unsupported_dtype_or_head_dim_is_refused_or_routed(rng):
 def test_int8_matmul_equals_the_cpu_tier(rng, m, k, n, n_out):
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[:, rng.choice(k, n_out, replace=False)] *= 20.0
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # (out, in)
     got = cupy.asnumpy(int8.int8_matmul(cupy.asarray(x), cupy.asarray(w), backend="cupy"))
     cpu = int8.int8_matmul(x, w, backend="cpu")
     np.testing.assert_allclose(got, cpu, rtol=1e-6, atol=1e-6 * np.abs(cpu).max())

@@ -131,14 +131,14 @@ def test_int8_matmul_equals_the_cpu_tier_exactly(rng, m, k, n, n_out, threshold)
 def test_int8_gemm_and_quantizer_are_exact(rng):
     from kernels.int8 import _numba_cuda
 
-    w = rng.standard_normal((13 * BIG, 6 * BIG)).astype(np.float32)
-    w_i8_t, absmax = _numba_cuda.quantize_weight(_gpu.to_numba(w))
+    w = rng.standard_normal((6 * BIG, 13 * BIG)).astype(np.float32)  # (out, in)
+    w_i8, absmax = _numba_cuda.quantize_weight(_gpu.to_numba(w))
     ref = int8.Int8Weight.from_float(w)
-    assert np.array_equal(w_i8_t.copy_to_host(), ref.w_i8_t)
+    assert np.array_equal(w_i8.copy_to_host(), ref.w_i8)
     assert np.array_equal(absmax.copy_to_host(), ref.absmax)
     x_i8 = rng.integers(-127, 128, (5, 13 * BIG), dtype=np.int8)
-    c = _numba_cuda.gemm(_gpu.to_numba(x_i8), w_i8_t)
-    assert np.array_equal(c.copy_to_host(), int8.int8_gemm(x_i8, ref.w_i8_t))
+    c = _numba_cuda.gemm(_gpu.to_numba(x_i8), w_i8)
+    assert np.array_equal(c.copy_to_host(), int8.int8_gemm(x_i8, ref.w_i8))
 
 
 def test_int8_with_a_prequantized_weight_and_device_inputs(rng):
@@ -155,7 +155,7 @@ def test_int8_with_a_prequantized_weight_and_device_inputs(rng):
 @pytest.mark.parametrize("name, exc, pattern, make", INT8_BAD, ids=[b[0] for b in INT8_BAD])
 def test_int8_errors_match_the_cpu(rng, name, exc, pattern, make):
     x = rng.standard_normal((4, 64)).astype(np.float32)
-    w = rng.standard_normal((64, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 64)).astype(np.float32)  # (out, in)
     args, kwargs = make(x, w)
     for backend in ("cpu", "numba-cuda"):
         with pytest.raises(exc, match=pattern):
@@ -165,7 +165,7 @@ def test_int8_errors_match_the_cpu(rng, name, exc, pattern, make):
 def test_int8_nan_on_the_device_is_refused(rng):
     x = rng.standard_normal((3, 8)).astype(np.float32)
     x[1, 2] = np.nan
-    w = rng.standard_normal((8, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 8)).astype(np.float32)  # (out, in)
     with pytest.raises(ValueError, match="x contains NaN"):
         int8.int8_matmul(_gpu.to_numba(x), _gpu.to_numba(w))
 
