@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _numba_cpu
 from .._common import gpu as _gpu
+from .._common.dispatch import BACKENDS, choose_backend
 from .._blas import single_threaded_blas
 from ._blocks import default_blocks
 from .._common.memory import ensure_fits
@@ -14,7 +15,6 @@ from ._standard import standard_forward
 from ._validate import COMPUTE_DTYPE, as_compute_4d, validate
 
 ALGORITHMS = ("flash", "standard")
-BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
 
 
 def _check_choice(name, value, choices):
@@ -59,19 +59,18 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     return o, lse
 
 
-def _resolve_backend(backend, q):
-    on_device = _gpu.is_device_array(q)
-    if backend == "auto":
-        if not on_device:
-            return "cpu"
-        from . import _cupy as tier2
+def _cupy_refuses(q, algorithm, block_q, block_k):
+    """Why the tensor-core tier cannot run this call, or None: it is built for float16 with head dims 64 and 128,
+    on fixed tiles."""
+    from . import _cupy as tier2
 
-        tensor_cores = tier2.supported(np.dtype(q.dtype).name, tuple(q.shape)[-1])
-        return "cupy" if tensor_cores and _gpu.cupy_module() is not None else "numba-cuda"
-    if backend == "cpu" and on_device:
-        raise TypeError("backend='cpu' takes NumPy arrays; q, k and v are device arrays (use backend='auto' or "
-                        "'numba-cuda', or copy them to the host)")
-    return backend
+    dtype, d = np.dtype(q.dtype).name, tuple(q.shape)[-1]
+    if not tier2.supported(dtype, d):
+        return f"float16 inputs with head dim {' or '.join(map(str, tier2.HEAD_DIMS))}; got {dtype}, d={d}"
+    if algorithm == "flash" and (block_q is not None or block_k is not None):
+        return (f"no block_q/block_k (its tiles are fixed at Br = {tier2.BR}, Bc = {tier2.BC}); got block_q="
+                f"{block_q}, block_k={block_k}")
+    return None
 
 
 def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
@@ -102,10 +101,6 @@ def _on_cupy(q, k, v, scale, causal, algorithm):
     from . import _cupy as tier2
 
     shape = tuple(q.shape)
-    dtype = np.dtype(q.dtype).name
-    if not tier2.supported(dtype, shape[-1]):
-        raise ValueError(f"backend='cupy' takes float16 inputs with head dim {' or '.join(map(str, tier2.HEAD_DIMS))}"
-                         f"; got {dtype}, d={shape[-1]} (backend='numba-cuda' takes any)")
     on_host = isinstance(q, np.ndarray)
 
     def device_4d(x):
@@ -144,7 +139,8 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     block_q, block_k : int, optional
         The flash tile sizes Br (query rows) and Bc (key rows); default from this machine's L2 cache size
         (FlashAttention Algorithm 1, line 1). Any size >= 1 works; they need not divide N. Ignored by
-        ``"standard"``.
+        ``"standard"``. The tensor-core tier has fixed tiles: ``backend="cupy"`` refuses them, and ``"auto"``
+        runs device inputs with block sizes on the Numba-CUDA tier.
     return_lse : bool
         Also return the log-sum-exp of each query row's scaled scores (natural log), shape ``q.shape[:-1]``.
     backend : {"auto", "cpu", "numba-cuda", "cupy"}
@@ -183,11 +179,11 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     References: Dao et al., "FlashAttention", NeurIPS 2022; Dao, "FlashAttention-2", 2023 (Algorithm 1).
     """
     _check_choice("algorithm", algorithm, ALGORITHMS)
-    _check_choice("backend", backend, BACKENDS)
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
-    backend = _resolve_backend(backend, q)
+    backend = choose_backend("attention", backend, {"q": q, "k": k, "v": v},
+                             cupy_refuses=lambda: _cupy_refuses(q, algorithm, block_q, block_k))
     if backend == "cupy":
         o, lse = _on_cupy(q, k, v, scale, bool(causal), algorithm)
         return (o, lse) if return_lse else o

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._common import gpu as _gpu
+from .._common.dispatch import choose_backend
 from .._common.dtypes import check_float_dtype
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
@@ -188,9 +189,6 @@ def _as_weight(w, keep_fp16_weights=False):
     return Int8Weight.from_float(w, keep_fp16_weights)
 
 
-BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
-
-
 def _check_gpu_call(x, w, threshold):
     """The checks both GPU tiers make: (weight or None, K, N, x's shape, threshold). ``weight`` is the
     ``Int8Weight`` when w is pre-quantized, None when w is a float matrix to quantize on the device."""
@@ -307,21 +305,17 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     feature, multiplied in int8 with int32 accumulation and dequantized by absmax_x ⊗ absmax_w / 127²; the
     outlier dimensions use float16 inputs with float32 accumulation.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(map(repr, BACKENDS))}")
     on_device = _gpu.is_device_array(x) or _gpu.is_device_array(w)
     if on_device and not (_gpu.is_device_array(x) and (_gpu.is_device_array(w) or isinstance(w, (Int8Weight,
                                                                                                 Int8Linear)))):
         raise TypeError("x and w must both be NumPy arrays or both device arrays (w may be an Int8Weight)")
-    if backend == "cpu" and on_device:
-        raise TypeError("backend='cpu' takes NumPy arrays; x is a device array (use backend='auto' or "
-                        "'numba-cuda', or copy it to the host)")
-    if backend == "auto" and on_device:
-        backend = "cupy" if _gpu.cupy_module() is not None else "numba-cuda"
+    arrays = {"x": x} if isinstance(w, (Int8Weight, Int8Linear)) else {"x": x, "w": w}
+    backend = choose_backend("int8_matmul", backend, arrays)  # every tier takes every float dtype
     if backend == "cupy":
         return _int8_matmul_cupy(x, w, threshold)
     if backend == "numba-cuda":
         return _int8_matmul_numba_cuda(x, w, threshold)
+    _check_float("x", x, "vectors")  # x before w, as the GPU tiers check them
     y, _ = _int8_matmul_cpu(x, _as_weight(w), _check_threshold(threshold))
     return y
 

@@ -87,8 +87,8 @@ def test_baselines(rng):
     assert np.array_equal(kvprune.h2o(q, k, v, capacity=20, scores=scores)[2], kept)
     with pytest.raises(ValueError, match="scores must be an ndarray of shape"):
         kvprune.h2o(q, k, v, capacity=20, scores=scores[..., 1:])
-    _, _, a = kvprune.random(q, k, v, capacity=20, seed=3)
-    _, _, b = kvprune.random(q, k, v, capacity=20, seed=3)
+    _, _, a = kvprune.uniform_random(q, k, v, capacity=20, seed=3)
+    _, _, b = kvprune.uniform_random(q, k, v, capacity=20, seed=3)
     assert np.array_equal(a, b) and np.all(np.diff(a, axis=-1) > 0) and a.shape == (1, 2, 20)
 
 
@@ -141,6 +141,6 @@ def test_bad_arguments_are_named(rng, name, exc, pattern, kwargs, n):
 ])
 def test_bad_shapes_are_named(rng, make, pattern):
     q, k, v = _prompt(rng)
-    for fn in (snapkv_compress, kvprune.streaming_llm, kvprune.h2o, kvprune.random):
+    for fn in (snapkv_compress, kvprune.streaming_llm, kvprune.h2o, kvprune.uniform_random):
         with pytest.raises((ValueError, TypeError), match=pattern):
             fn(*make(q, k, v), capacity=64)
