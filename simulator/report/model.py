@@ -16,8 +16,9 @@ def _unavailable(reason: str) -> Section:
 
 def model_section(ctx: RunContext) -> Section:
     try:
-        from models.smollm2 import SmolLM2, evaluation_text, fetch_gguf
+        from models.smollm2 import SmolLM2, evaluation_text, fetch_gguf, require_model_extra
 
+        require_model_extra()  # before the 98 MB download, which would be wasted without gguf and tokenizers
         path = fetch_gguf()
     except ImportError:
         return _unavailable("the model extra is not installed (`pip install -e .[model]`)")

@@ -13,8 +13,9 @@ POLICY_COLORS = {"snapkv": "tab:blue", "streaming": "tab:orange", "h2o": "tab:gr
 def passkey_section(ctx: RunContext) -> Section:
     try:
         from models import passkey
-        from models.smollm2 import SmolLM2, fetch_gguf
+        from models.smollm2 import SmolLM2, fetch_gguf, require_model_extra
 
+        require_model_extra()  # before the download, as the SmolLM2 section
         path = fetch_gguf()
     except ImportError:
         return Section(TITLE, "Skipped: the model extra is not installed (`pip install -e .[model]`).\n")

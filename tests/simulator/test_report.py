@@ -22,6 +22,21 @@ def tiny_sizes(monkeypatch):
     monkeypatch.setitem(report.ATTN_SIZES, True, (64, 512))
 
 
+@pytest.fixture
+def no_model_extra(monkeypatch):
+    """The model extra hidden (importing gguf or tokenizers raises ImportError), and fetching the GGUF a failure:
+    the report's model sections must skip before any download."""
+    import models.smollm2
+
+    for name in models.smollm2.MODEL_EXTRA:
+        monkeypatch.setitem(sys.modules, name, None)
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("the GGUF was fetched although the model extra is missing")
+
+    monkeypatch.setattr(models.smollm2, "fetch_gguf", no_fetch)
+
+
 @pytest.fixture(scope="module")
 def cpu_spec(tmp_path_factory):
     """This machine's spec, calibrated into a cache directory of this module's own (undone after the module)."""
@@ -37,7 +52,7 @@ def _png_size(path: Path):
     return width, height
 
 
-def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec):
+def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec, no_model_extra):
     steps = []
     out = build_report(tmp_path / "run", quick=True, hardware=hardware.load("H100-SXM"), cpu=cpu_spec,
                        progress=steps.append)
@@ -70,9 +85,18 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
                     "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()", "## SnapKV",
                     "## SmolLM2-135M", "## Passkey retrieval"):
         assert heading in md
+    assert md.count("Skipped: the model extra is not installed") == 2  # SmolLM2 and passkey, nothing downloaded
     assert steps
     errors = {float(r["threshold"]): float(r["mean_rel_error"]) for r in read_csv(out / "int8_error.csv")}
     assert errors[6.0] < errors[0.0] / 3  # the decomposition pays off on the planted outliers
+
+
+@pytest.mark.parametrize("section", [report.model_section, report.passkey_section], ids=["smollm2", "passkey"])
+def test_model_sections_skip_without_the_extra_and_fetch_nothing(tmp_path, no_model_extra, section):
+    result = section(RunContext(directory=tmp_path, quick=True))
+    assert "Skipped: the model extra is not installed" in result.markdown and "pip install -e .[model]" in \
+        result.markdown
+    assert result.files == () and list(tmp_path.iterdir()) == []
 
 
 def test_across_hardware_matches_the_golden_csv(tmp_path):
@@ -97,7 +121,7 @@ def test_interrupted_report_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_report(tmp_path, tiny_sizes, cpu_spec, capsys):
+def test_cli_report(tmp_path, tiny_sizes, cpu_spec, no_model_extra, capsys):
     assert main(["report", "--quick", "--no-progress", "--hardware", "T4", "--out", str(tmp_path / "r")]) == 0
     assert "report written to" in capsys.readouterr().out
     assert "## Roofline of T4" in (tmp_path / "r" / "index.md").read_text()
