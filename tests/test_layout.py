@@ -23,9 +23,6 @@ NOT_FOR_PLAIN_SIZES = ("kernels", "models", "simulator.measure", "simulator.cali
 # Edges that break a rule today, each with the issue that removes it. simulator/gpu_check.py becomes a package that
 # shares the tests' helpers and calls public kernel functions in issue 19 (issue 15, point 9).
 KNOWN = {
-    ("simulator.gpu_check", "kernels.attn._reference.LOW_PRECISION_FACTOR"): "issue 19",
-    ("simulator.gpu_check", "kernels.attn._reference.TOLERANCES"): "issue 19",
-    ("simulator.gpu_check", "kernels.attn._reference.UNIT_ROUNDOFF"): "issue 19",
     ("simulator.gpu_check", "kernels.attn._cupy"): "issue 19",
     ("simulator.gpu_check", "kernels.int8._cupy"): "issue 19",
     ("simulator.gpu_check", "kernels._common.gpu"): "issue 19",
