@@ -147,10 +147,10 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
         Where to run. ``"cpu"``: Numba (flash) or NumPy (standard) on this machine's cores, for NumPy inputs.
         ``"numba-cuda"``: the Numba-CUDA kernels (``kernels/attn/_numba_cuda.py``), any float dtype and head dim.
         ``"cupy"``: the CUDA C kernels on tensor cores (``kernels/attn/flash_attention.cu``), float16 with head
-        dim 64 or 128 (bfloat16 through ``kernels.attn._cupy`` on uint16 bit patterns). For both GPU backends
-        NumPy inputs are copied to the device and the result back. ``"auto"``: device arrays (CuPy, or anything
-        with ``__cuda_array_interface__``) run on the GPU — on tensor cores where the dtype and head dim allow,
-        else on the Numba-CUDA tier — and come back as CuPy arrays; NumPy arrays run on the CPU.
+        dim 64 or 128 (bfloat16: ``kernels.attn.attention_bfloat16``, on uint16 bit patterns). For both GPU
+        backends NumPy inputs are copied to the device and the result back. ``"auto"``: device arrays (CuPy, or
+        anything with ``__cuda_array_interface__``) run on the GPU — on tensor cores where the dtype, head dim and
+        block sizes allow, else on the Numba-CUDA tier — and come back as CuPy arrays; NumPy arrays run on the CPU.
 
     Returns
     -------
@@ -200,3 +200,54 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     if return_lse:
         return o, lse.reshape(shape[:-1])
     return o
+
+
+def attention_bfloat16(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """Exact attention on bfloat16 inputs, on tensor cores (the CUDA C tier; CuPy and a GPU of sm_80 or later).
+
+    NumPy and CuPy have no bfloat16 dtype: q, k and v hold bfloat16 bit patterns in uint16 arrays
+    (``to_bfloat16_bits`` makes them from float32 CuPy arrays, ``from_bfloat16_bits`` reads them back).
+
+    Parameters
+    ----------
+    q, k, v : uint16 ndarray or CuPy array of bfloat16 bits, shapes as for :func:`attention`
+        Head dim 64 or 128.
+    causal, scale, return_lse
+        As for :func:`attention`.
+
+    Returns
+    -------
+    o : uint16 bfloat16 bits, the shape of ``q`` (CuPy for device inputs, NumPy for NumPy inputs)
+    lse : float32, ``q.shape[:-1]`` (only with ``return_lse=True``)
+
+    Raises
+    ------
+    TypeError
+        Inputs that are not uint16 arrays, or a mix of NumPy and device arrays.
+    ValueError
+        Mismatched shapes, a head dim other than 64 or 128, a bad scale.
+    RuntimeError
+        Without CuPy and a device.
+    """
+    from . import _cupy as tier2
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not (isinstance(x, np.ndarray) or _gpu.is_device_array(x)) or np.dtype(x.dtype) != np.uint16:
+            raise TypeError(f"{name} must be a uint16 array of bfloat16 bit patterns (to_bfloat16_bits makes one); "
+                            f"got {type(x).__name__} of dtype {getattr(x, 'dtype', None)}")
+    # the shape and argument checks of every other call, on float16 views of the same bits
+    scale = validate(*(x.view(np.float16) for x in (q, k, v)), causal=causal, scale=scale, block_q=None,
+                     block_k=None)
+    d = tuple(q.shape)[-1]
+    if d not in tier2.HEAD_DIMS:
+        raise ValueError(f"attention_bfloat16 takes head dim {' or '.join(map(str, tier2.HEAD_DIMS))}; got d={d}")
+    from .._common import cuda_c as _cupy
+
+    cupy = _cupy.require_cupy()
+    shape = tuple(q.shape)
+    q4, k4, v4 = (_cupy.as_cupy(x).reshape((1,) * (4 - x.ndim) + tuple(x.shape)) for x in (q, k, v))
+    o, lse = tier2.flash_forward(q4, k4, v4, scale, bool(causal), dtype="bfloat16")
+    o, lse = o.reshape(shape), lse.reshape(shape[:-1])
+    if isinstance(q, np.ndarray):
+        o, lse = cupy.asnumpy(o), cupy.asnumpy(lse)
+    return (o, lse) if return_lse else o

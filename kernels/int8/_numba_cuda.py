@@ -111,8 +111,8 @@ def _kernels(T: int, THREADS: int):
     @cuda.jit
     def gather_outliers(x, w_i8, absmax_w, cols, x_out, w_out):
         """x_out[m, j] = float16(x[m, cols[j]]); w_out[j, n] = float16(w_i8[n, cols[j]] · absmax_w[n] / 127)
-        (W's columns of the outlier dimensions dequantized from int8, as ``Int8Weight.outlier_weights_fp16`` does without a kept
-        float16 copy). One thread per element of the larger of the two."""
+        (W's columns of the outlier dimensions dequantized from int8, as ``Int8Weight.outlier_weights_fp16`` does
+        without a kept float16 copy). One thread per element of the larger of the two."""
         i = cuda.grid(1)
         M, J = x_out.shape
         N = w_out.shape[1]

@@ -34,3 +34,17 @@ def test_the_oracle_rejects_the_same_input(rng, name, exc, pattern, make):
     args, kwargs = make(*attention_inputs(rng))
     with pytest.raises(exc, match=pattern):
         reference(*args, **kwargs)
+
+
+def test_bfloat16_attention_checks_its_input_before_it_needs_a_gpu(rng):
+    from kernels.attn import attention_bfloat16
+
+    bits = [rng.integers(0, 2**14, (2, 16, 64)).astype(np.uint16) for _ in range(3)]  # small positive values
+    with pytest.raises(TypeError, match="q must be a uint16 array of bfloat16 bit patterns"):
+        attention_bfloat16(bits[0].astype(np.float32), *bits[1:])
+    with pytest.raises(ValueError, match="takes head dim 64 or 128; got d=32"):
+        attention_bfloat16(*(b[..., :32] for b in bits))
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        attention_bfloat16(bits[0], bits[1], bits[2][:, :8])
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+        attention_bfloat16(*bits, scale=0.0)
