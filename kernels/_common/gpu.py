@@ -118,8 +118,9 @@ def shared_memory_limit() -> int:
     return min(int(limit), STATIC_SHARED_LIMIT) if limit else STATIC_SHARED_LIMIT
 
 
-def check_shared_memory(nbytes: int, what: str) -> None:
-    """Refuse a launch whose tiles need more shared memory than a block may have, naming the tiles' bytes."""
+def check_static_shared_memory(nbytes: int, what: str) -> None:
+    """Refuse a launch whose tiles need more static shared memory than a block may have without an opt-in (the
+    Numba-CUDA kernels), naming the tiles' bytes."""
     limit = shared_memory_limit()
     if nbytes > limit:
         raise ValueError(f"{what} needs {nbytes} bytes of shared memory per block, above the device's {limit}; "

@@ -11,9 +11,9 @@ import numpy as np
 from .._common.memory import ensure_fits
 
 
-def standard_bytes(B, Hq, Nq, Nk, itemsize, causal):
+def standard_bytes(B, Hq, Nq, Nk, elem_bytes, causal):
     """Bytes that ``standard_forward`` allocates beyond its inputs and output: S and P, plus the causal mask."""
-    score_bytes = B * Hq * Nq * Nk * itemsize  # one (B, Hq, Nq, Nk) matrix
+    score_bytes = B * Hq * Nq * Nk * elem_bytes  # one (B, Hq, Nq, Nk) matrix
     mask_bytes = Nq * Nk if causal else 0  # bool (Nq, Nk)
     return 2 * score_bytes + mask_bytes
 

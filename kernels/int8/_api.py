@@ -13,7 +13,7 @@ from .._common.dtypes import check_float_dtype
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
-GEMM_TILE = (32, 128)  # BM rows of X by BN rows of Wᵀ per task (measured: 32x128, 64x64, 128x32 within 5%)
+GEMM_TASK = (32, 128)  # BM rows of X by BN rows of W per CPU task (measured: 32x128, 64x64, 128x32 within 5%)
 
 
 def _check_float(name, x, ndim=None):
@@ -133,7 +133,7 @@ def int8_gemm(x_i8, w_i8):
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
     out = np.empty((M, w_i8.shape[0]), dtype=np.int32)
-    _numba_cpu.gemm_i8(np.ascontiguousarray(x_i8), np.ascontiguousarray(w_i8), out, *GEMM_TILE)
+    _numba_cpu.gemm_i8(np.ascontiguousarray(x_i8), np.ascontiguousarray(w_i8), out, *GEMM_TASK)
     return out
 
 

@@ -31,7 +31,7 @@ from .._common.numba_cuda import block_max, cast
 from ._numba_cpu import QMAX
 
 # Under the simulator every thread is a Python thread: smaller blocks there (any power of two works).
-GEMM_TILE = 4 if _gpu.simulated() else 16  # T × T threads per GEMM block
+MATMUL_TILE = 4 if _gpu.simulated() else 16  # T × T threads per GEMM block
 ROW_THREADS = 8 if _gpu.simulated() else 256  # threads per row in quantize_rows (a power of two: tree reduction)
 FLAT_THREADS = 32 if _gpu.simulated() else 256  # threads per block of the one-thread-per-element kernels
 
@@ -154,17 +154,17 @@ def quantize_weight(w):
     N, K = w.shape
     w_i8 = cuda.device_array((N, K), dtype=np.int8)
     absmax = cuda.device_array(N, dtype=np.float32)
-    _gpu.check_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
+    _gpu.check_static_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
     if N:
-        _kernels(GEMM_TILE, ROW_THREADS)[1][N, ROW_THREADS](w, cuda.to_device(np.zeros(K, dtype=np.bool_)), w_i8,
+        _kernels(MATMUL_TILE, ROW_THREADS)[1][N, ROW_THREADS](w, cuda.to_device(np.zeros(K, dtype=np.bool_)), w_i8,
                                                              absmax)
     return w_i8, absmax
 
 
 def gemm(x_i8, w_i8):
     """Exact int32 product of device int8 x (M, K) and the transposed weight (N, K)."""
-    T = GEMM_TILE
-    _gpu.check_shared_memory(2 * T * T * 4, f"int8 GEMM tiles {T}x{T} (int32 in shared memory)")
+    T = MATMUL_TILE
+    _gpu.check_static_shared_memory(2 * T * T * 4, f"int8 GEMM tiles {T}x{T} (int32 in shared memory)")
     M, N = x_i8.shape[0], w_i8.shape[0]
     c = cuda.device_array((M, N), dtype=np.int32)
     if M and N:
@@ -175,7 +175,7 @@ def gemm(x_i8, w_i8):
 def split_matmul(x, w_i8, absmax_w, threshold):
     """The decomposition on the device: x (M, K) float32, the quantized weight; returns (y (M, N) float32,
     outlier column indices as a NumPy array)."""
-    (outlier_columns, quantize_rows, _, dequantize, gather_outliers, outlier_gemm, _) = _kernels(GEMM_TILE,
+    (outlier_columns, quantize_rows, _, dequantize, gather_outliers, outlier_gemm, _) = _kernels(MATMUL_TILE,
                                                                                                 ROW_THREADS)
     M, K = x.shape
     N = w_i8.shape[0]
@@ -188,7 +188,7 @@ def split_matmul(x, w_i8, absmax_w, threshold):
         outliers = np.zeros(0, dtype=np.int64)
     x_i8 = cuda.device_array((M, K), dtype=np.int8)
     absmax_x = cuda.device_array(M, dtype=np.float32)
-    _gpu.check_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
+    _gpu.check_static_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
     if M:
         quantize_rows[M, ROW_THREADS](x, flags, x_i8, absmax_x)
     c = gemm(x_i8, w_i8)
@@ -210,7 +210,7 @@ def all_finite(x) -> bool:
     if x.size == 0:
         return True
     count = cuda.to_device(np.zeros(1, dtype=np.int32))
-    _kernels(GEMM_TILE, ROW_THREADS)[6][_gpu.launch_1d(x.size, FLAT_THREADS)](x.reshape(x.size), count)
+    _kernels(MATMUL_TILE, ROW_THREADS)[6][_gpu.launch_1d(x.size, FLAT_THREADS)](x.reshape(x.size), count)
     return int(count.copy_to_host()[0]) == 0
 
 

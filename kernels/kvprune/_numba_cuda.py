@@ -186,7 +186,7 @@ def snapkv_scores(qw, k, kernel_size, pooling, gqa):
     B, Hq, w, d = qw.shape
     Hkv, N = k.shape[1], k.shape[2]
     P = N - w
-    _gpu.check_shared_memory(ROW_THREADS * np.dtype(qw.dtype).itemsize, "SnapKV window-row reductions")
+    _gpu.check_static_shared_memory(ROW_THREADS * np.dtype(qw.dtype).itemsize, "SnapKV window-row reductions")
     scale = np.dtype(qw.dtype).type(1.0 / math.sqrt(d))
     row_max = cuda.device_array((B, Hq, w), dtype=qw.dtype)
     row_sum = cuda.device_array((B, Hq, w), dtype=qw.dtype)

@@ -62,7 +62,8 @@ def int8_section(ctx: RunContext) -> Section:
         t_fp32 = time_call(lambda x=x1, w=w1: x @ w.T, repeats=15, warmup=3).median_s
         dense = costs.dense(1, k, k, elem_bytes=4, flop_kind="fp32").time(ctx.cpu).seconds
         split = costs.int8_split(1, k, k, N_OUTLIERS, elem_bytes=4).time(ctx.cpu).seconds
-        gemv_rows.append({"k": k, "n": k, "int8_s": f"{t_int8:.6g}", "fp32_s": f"{t_fp32:.6g}",
+        gemv_rows.append({"in_features": k, "out_features": k, "int8_measured_s": f"{t_int8:.6g}",
+                          "fp32_measured_s": f"{t_fp32:.6g}",
                           "measured_speedup": f"{t_fp32 / t_int8:.4g}",
                           "predicted_speedup": f"{float(dense) / float(split):.4g}",
                           "fp32_weight_bytes": 4 * k * k, "int8_weight_bytes": int8_layer.weight.nbytes})
@@ -91,7 +92,7 @@ def int8_section(ctx: RunContext) -> Section:
         f"outliers' magnitude nothing is routed and the error is plain int8's again.\n\n"
         f"![error vs threshold](int8_error.png)\n\n"
         f"**Decode GEMV on this machine** (one token, K = N, {N_OUTLIERS} outlier dimensions): int8 moves 4× "
-        f"fewer weight bytes. At {big['k']} × {big['n']} the measured speedup over NumPy's float32 GEMV is "
+        f"fewer weight bytes. At {big['out_features']} × {big['in_features']} the measured speedup over NumPy's float32 GEMV is "
         f"{float(big['measured_speedup']):.2f}× against {float(big['predicted_speedup']):.2f}× predicted by the "
         f"roofline on the calibrated spec. Small weights fit in the last-level cache (dotted line), where "
         f"float32 is not DRAM-bound, and the int8 path's fixed cost (outlier scan, quantization, five kernel "
@@ -141,7 +142,7 @@ def plot_int8(directory, llc_bytes) -> None:
     rows = read_csv(directory / "int8_gemv.csv")
     fig, axes = figure(width=7.0, height=4.4)
     ax = axes[0][0]
-    k = [int(r["k"]) for r in rows]
+    k = [int(r["in_features"]) for r in rows]
     ax.plot(k, [float(r["measured_speedup"]) for r in rows], "-o", color="tab:blue", label="measured")
     ax.plot(k, [float(r["predicted_speedup"]) for r in rows], "--", color="tab:blue", label="predicted (roofline)")
     ax.axhline(1.0, color="black", linewidth=0.8, label="float32 (baseline)")

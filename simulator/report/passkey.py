@@ -52,7 +52,7 @@ def plot_accuracy(directory, contexts) -> None:
     rows = read_csv(directory / "passkey.csv")
     fig, axes = figure(ncols=len(contexts), width=4.2, height=3.6)
     for ax, n in zip(axes[0], contexts):
-        here = [r for r in rows if int(r["context"]) == n]
+        here = [r for r in rows if int(r["n"]) == n]
         full = [int(r["correct"]) for r in here if r["policy"] == "full"]
         ax.axhline(sum(full) / len(full), color="black", linestyle="--", label="full cache")
         for policy, label in POLICY_LABELS.items():
