@@ -1,7 +1,10 @@
-"""ioaware kernels: the IO-aware algorithms of LLM inference, callable on NumPy arrays.
+"""ioaware kernels: the IO-aware algorithms of LLM inference, on NumPy arrays (CPU) and device arrays (GPU).
 
-``kernels.attention`` is exact attention (FlashAttention-2 on the CPU, or the standard algorithm); its float64
-oracle is ``kernels.attn.reference``.
+``kernels.attention`` is exact attention (FlashAttention-2, or the standard algorithm) on three tiers: Numba on
+the CPU, Numba-CUDA, and CUDA C on tensor cores through CuPy; its float64 oracle is ``kernels.attn.reference``.
+``kernels.int8`` (LLM.int8()) and ``kernels.kvprune`` (SnapKV and its baselines) have the same tiers and the
+same ``backend`` argument. ``kernels.cpuinfo`` tells this machine's caches; ``kernels.tolerances`` how close every
+kernel must come to its oracle.
 """
 from ._common.memory import InsufficientMemoryError
 from .attn import attention

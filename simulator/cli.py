@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure standard vs flash attention on this CPU, predict with the cost model, and write a "
                     "report into a run directory.")
     report.add_argument("--quick", action="store_true", help="small sizes, under a minute on 2 cores")
-    report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>-cpu)")
+    report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>T<time>-cpu)")
     report.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
                         help=f"hardware for the predicted sections (default {DEFAULT_HARDWARE})")
     report.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")

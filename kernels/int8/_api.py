@@ -1,4 +1,5 @@
-"""LLM.int8() from NumPy: vector-wise quantization, the split matmul, a naive baseline, and ``Int8Linear``."""
+"""LLM.int8()'s public functions: vector-wise quantization, the split matmul on every tier, a naive baseline, and
+``Int8Linear``."""
 from __future__ import annotations
 
 import math

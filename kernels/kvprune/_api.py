@@ -1,5 +1,5 @@
-"""KV-cache pruning from NumPy: SnapKV and its baselines (StreamingLLM, H2O, uniform random), one call shape for all:
-``fn(q, k, v, *, capacity, ...) -> (k_c, v_c, kept)``."""
+"""KV-cache pruning's public functions: SnapKV and its baselines (StreamingLLM, H2O, uniform random), one call
+shape for all, ``fn(q, k, v, *, capacity, ..., backend) -> (k_c, v_c, kept)``, on NumPy or device arrays."""
 from __future__ import annotations
 
 import math
