@@ -2,9 +2,10 @@
 with exact int32 accumulation (Dettmers et al. 2022, "LLM.int8(): 8-bit Matrix Multiplication for Transformers
 at Scale").
 
-The weights are kept transposed, (N, K) int8, so that every output is a dot product of two contiguous int8 rows:
-the same loop serves the GEMM (rows of X against rows of Wᵀ, tiled so a block of Wᵀ stays in L2 while rows of X
-pass) and the decode GEMV (one row of X against the whole of Wᵀ, streamed once at memory bandwidth).
+The weights are (N, K) = (out, in) int8, as torch stores a Linear's weight, so that every output is a dot product
+of two contiguous int8 rows: the same loop serves the GEMM (rows of X against rows of W, tiled so a block of W
+stays in L2 while rows of X pass) and the decode GEMV (one row of X against the whole of W, streamed once at
+memory bandwidth).
 
 Versions (2-core AMD EPYC (Zen 4) development machine):
   v1 (this file): int8 · int8 widened to int32 and summed in int32 (LLVM vectorizes it), the dequantizing

@@ -9,7 +9,7 @@ The split matmul X Wᵀ, X (M, K) float32 and W (N, K) = (out, in), as five smal
    while the row is hot in L1/L2; flagged columns become 0, so the int8 GEMM needs no gather of W.
    (Detection cannot join this kernel: a column is an outlier if *any* row has a large value, which needs every
    row to be read first — a grid-wide barrier.)
-3. ``gemm_i8``: C = X_i8 · W_i8ᵀ with int32 accumulation over T × T shared-memory tiles (W kept transposed (N, K)
+3. ``gemm_i8``: C = X_i8 · W_i8ᵀ with int32 accumulation over T × T shared-memory tiles (W (N, K) = (out, in)
    like the CPU tier, so both tiles load along K).
 4. ``dequantize``: the epilogue y = C · absmax_x[m] · absmax_w[n] / 127², the CPU tier's float32 formula.
 5. ``outlier_gemm``: y += X[:, O] · W[:, O]ᵀ for the outlier dimensions O in float16 values with float32 sums
@@ -162,7 +162,7 @@ def quantize_weight(w):
 
 
 def gemm(x_i8, w_i8):
-    """Exact int32 product of device int8 x (M, K) and the transposed weight (N, K)."""
+    """Exact int32 product x_i8 · w_i8ᵀ of device int8 x (M, K) and the weight (N, K)."""
     T = MATMUL_TILE
     _gpu.check_static_shared_memory(2 * T * T * 4, f"int8 GEMM tiles {T}x{T} (int32 in shared memory)")
     M, N = x_i8.shape[0], w_i8.shape[0]
