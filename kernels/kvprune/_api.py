@@ -23,7 +23,9 @@ def _gather_refuses(k):
 
 def _gather_on_device(k, v, kept, backend):
     """K and V rows at the host positions ``kept`` (B, H, C) (kv heads repeated when H is Hq) on the GPU tier
-    ``backend``, for the baselines, whose choice needs no scores: device arrays (k_c, v_c, kept) out."""
+    ``backend``, for the baselines, whose choice needs no scores: (k_c, v_c, kept), device arrays for device
+    inputs, NumPy for NumPy inputs (copied to the device and back, as every GPU backend does)."""
+    on_host = isinstance(k, np.ndarray)
     if backend == "cupy":
         from .._common import cuda_c as _cupy
 
@@ -31,12 +33,13 @@ def _gather_on_device(k, v, kept, backend):
         group = kept.shape[1] // k.shape[1]
         kk, vv = (cupy.repeat(_cupy.as_cupy(x), group, axis=1) for x in (k, v))  # (B, H, N, d)
         index = cupy.asarray(kept)[..., None]  # (B, H, C, 1)
-        return cupy.take_along_axis(kk, index, axis=2), cupy.take_along_axis(vv, index, axis=2), index[..., 0]
+        out = (cupy.take_along_axis(kk, index, axis=2), cupy.take_along_axis(vv, index, axis=2), index[..., 0])
+        return tuple(cupy.asnumpy(x) for x in out) if on_host else out
     from . import _numba_cuda
 
     kept_device = _gpu.to_numba(np.ascontiguousarray(kept))
-    k_c, v_c = _numba_cuda.gather_kept(*_device_inputs(False, np.dtype(k.dtype), k, v), kept_device)
-    return tuple(_gpu.like_input(x, False) for x in (k_c, v_c, kept_device))
+    k_c, v_c = _numba_cuda.gather_kept(*_device_inputs(on_host, np.dtype(k.dtype), k, v), kept_device)
+    return tuple(_gpu.like_input(x, on_host) for x in (k_c, v_c, kept_device))
 
 
 def _device_inputs(on_host, dtype, *arrays):
