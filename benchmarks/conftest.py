@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels._cpuinfo import cpu_model
-from simulator.hardware.cpu import read_bandwidth
+from kernels.cpuinfo import cpu_model
+from simulator.calibrate import read_bandwidth
 from simulator.measure import SETTLE_S, time_call
 
 
@@ -30,7 +30,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def machine_peaks():
     """sgemm GFLOP/s (2·n³ / t), copy GB/s (2·bytes / t: each byte read once and written once) and read GB/s
-    (bytes / t, all cores, nothing written: ``simulator.hardware.cpu.read_bandwidth``), measured now."""
+    (bytes / t, all cores, nothing written: ``simulator.calibrate.read_bandwidth``), measured now."""
     read_gbps = read_bandwidth() / 1e9  # first: NumPy's BLAS threads spin for ~0.1 s after the sgemm below
     src = np.ones(COPY_BYTES // 4, dtype=np.float32)
     dst = np.empty_like(src)

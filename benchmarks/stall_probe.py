@@ -101,7 +101,7 @@ def main(argv=None):
         model.generate(prompt, 4)  # compile
         result["decode_tokens_per_s"]["fresh"] = max(_decode_rate(model, prompt, 48) for _ in range(3))
         result["weight_bytes_per_token"] = model.weight_bytes_per_token()
-        from simulator.hardware.cpu import read_bandwidth
+        from simulator.calibrate import read_bandwidth
 
         result["read_bytes_per_s"] = read_bandwidth()
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels._cpuinfo import cache_sizes
+from kernels.cpuinfo import cache_sizes
 from kernels.attn import reference
 from simulator.report import attention_flops
 

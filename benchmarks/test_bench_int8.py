@@ -18,7 +18,7 @@ def _inputs(m, k, n, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[:, rng.choice(k, 4, replace=False)] *= 25  # a few outlier features, as in real activations
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # (out, in), as torch's Linear.weight
     return x, w
 
 
@@ -27,9 +27,9 @@ def _torch_int8(w):
         import torch
     except ImportError:
         pytest.skip("torch is not importable: install a CPU build (here `pip install torch==2.13.0`) to compare")
-    linear = torch.nn.Linear(w.shape[0], w.shape[1], bias=False)
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
     with torch.no_grad():
-        linear.weight.copy_(torch.from_numpy(w.T.copy()))
+        linear.weight.copy_(torch.from_numpy(w))
     quantized = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                        dtype=torch.qint8)
 
@@ -45,14 +45,14 @@ def _torch_int8(w):
 def test_int8_linear(benchmark, machine_peaks, record, impl, shape_name):
     m, k, n = GEMV if shape_name == "gemv" else GEMM
     x, w = _inputs(m, k, n, seed=k + m)
-    exact = x.astype(np.float64) @ w.astype(np.float64)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
     if impl == "int8":
         layer = Int8Linear.from_float(w)
         fn, weight_bytes = layer, layer.weight.nbytes
         if m == 1:  # correctness first (the oracle is slow at GEMM size; the tests cover it)
             np.testing.assert_allclose(fn(x), int8_matmul_reference(x, w), rtol=1e-4, atol=1e-3)
     elif impl == "numpy-float32":
-        fn, weight_bytes = (lambda a: a @ w), w.nbytes
+        fn, weight_bytes = (lambda a: a @ w.T), w.nbytes
     else:
         fn, weight_bytes = _torch_int8(w), k * n  # int8 weights
     rel_err = float(np.abs(fn(x) - exact).mean() / np.abs(exact).mean())

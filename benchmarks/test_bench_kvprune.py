@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import cache_sizes
+from kernels.cpuinfo import cache_sizes
 from kernels.attn import reference
 from kernels.kvprune import snapkv_compress
 from simulator import costs

@@ -7,7 +7,7 @@ rate and >= 0.8 of the bound that the weight bytes per token and the all-core re
 (tokens/s <= read B/s / weight bytes per token: every weight is read once per token).
 
 Options (environment of the child process):
-- ``ioaware``: the library's design (kernels/_threads.py): Numba's OpenMP pool with passive waits, ioaware's
+- ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
   BLAS inside it on one thread, kernels imported before torch;
 - ``torch-first``: the same with torch imported first, so that Numba shares torch's OpenMP runtime, whose wait
   policy torch's import fixed (GNU's default: spin, then sleep);
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels._cpuinfo import cpu_model
+from kernels.cpuinfo import cpu_model
 
 from helpers import p90
 

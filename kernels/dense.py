@@ -1,6 +1,6 @@
 """Dense float32 layers stored as (out, in), the way checkpoints store them: ``matmul_nt(x, w) = x · wᵀ``.
 
-Many rows (a prefill) go to BLAS on Numba's threads (``kernels._blas.batched_matmul``), which reads wᵀ in place.
+Many rows (a prefill) go to BLAS on Numba's threads (``kernels._common.blas.batched_matmul``), which reads wᵀ in place.
 A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
 Numba's threads. Either way NumPy's BLAS threads never wake: on 2 cores the two pools spun against each other
 after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._blas import batched_matmul
+from ._common.blas import batched_matmul
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
 BLOCK_N = 64  # output features per task

@@ -1,4 +1,5 @@
-"""``python -m models generate "prompt"`` and ``python -m models chat "question"`` with SmolLM2-135M-Instruct."""
+"""``python -m models generate "prompt"``, ``python -m models chat "question"`` and ``python -m models passkey``
+with SmolLM2-135M-Instruct."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +7,8 @@ import sys
 
 
 def main(argv=None) -> int:
+    from . import passkey  # the passkey defaults (no model extra needed to import it)
+
     parser = argparse.ArgumentParser(prog="python -m models", description="SmolLM2-135M-Instruct on ioaware kernels.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in (("generate", "continue a prompt"), ("chat", "answer a question (chat template)")):
@@ -22,9 +25,12 @@ def main(argv=None) -> int:
     sub = commands.add_parser("passkey", help="passkey retrieval accuracy, full cache and pruned",
                               description="Passkey retrieval (a seeded 5-digit passkey in a filler haystack) with the "
                                           "full KV cache and with SnapKV, StreamingLLM and H2O at several capacities.")
-    sub.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096], help="prompt lengths in tokens")
-    sub.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])
-    sub.add_argument("--capacities", type=int, nargs="+", default=[128, 256, 512, 1024])
+    sub.add_argument("--contexts", type=int, nargs="+", default=list(passkey.CONTEXTS),
+                     help=f"prompt lengths in tokens (default {' '.join(map(str, passkey.CONTEXTS))})")
+    sub.add_argument("--depths", type=float, nargs="+", default=list(passkey.DEPTHS),
+                     help=f"where the passkey sits (default {' '.join(map(str, passkey.DEPTHS))})")
+    sub.add_argument("--capacities", type=int, nargs="+", default=list(passkey.CAPACITIES),
+                     help=f"kept tokens per kv head (default {' '.join(map(str, passkey.CAPACITIES))})")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--csv", metavar="FILE", help="write every answer to this CSV file")
     sub.add_argument("--linear", choices=("fp32", "int8", "naive-int8"), default="fp32")

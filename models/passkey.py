@@ -91,7 +91,8 @@ def answer_found(answer: str, passkey: str) -> bool:
 
 def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, policies=POLICIES, *, seed=0,
              window=32, max_new_tokens=8, progress=None):
-    """Passkey accuracy rows: one per (context, depth, policy, capacity), with the full cache as policy "full".
+    """Passkey accuracy rows: one per (n, depth, policy, capacity), n the prompt's tokens, with the full cache as
+    policy "full".
     Each prompt is prefilled once; every policy compresses a copy of that prefill's cache and decodes greedily."""
     rows = []
     for n_tokens in contexts:
@@ -116,17 +117,17 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
                     model.compress_cache(kept, queries, cache_policy(name, capacity=capacity, **options))
                 out = model.continue_decoding(logits, kept, len(case.ids), max_new_tokens)
                 answer = model.decode(out)
-                rows.append({"context": n_tokens, "depth": depth, "policy": name, "capacity": capacity,
+                rows.append({"n": n_tokens, "depth": depth, "policy": name, "capacity": capacity,
                              "passkey": case.passkey, "answer": answer.strip(),
                              "correct": int(answer_found(answer, case.passkey))})
     return rows
 
 
 def accuracy_table(rows):
-    """{(policy, capacity, context): fraction correct over depths}."""
+    """{(policy, capacity, n): fraction correct over depths}."""
     table = {}
     for r in rows:
-        key = (r["policy"], int(r["capacity"]) if r["policy"] != "full" else None, int(r["context"]))
+        key = (r["policy"], int(r["capacity"]) if r["policy"] != "full" else None, int(r["n"]))
         table.setdefault(key, []).append(int(r["correct"]))
     return {key: sum(v) / len(v) for key, v in table.items()}
 

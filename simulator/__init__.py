@@ -1,2 +1,3 @@
-"""ioaware simulator: hardware specs (``hardware``), the analytic cost model (``costs``), the tile simulator
-(``tiles``), measurement on this machine (``measure``), the report (``report``) and the command line (``cli``)."""
+"""ioaware simulator: hardware specs as data (``hardware``), the analytic cost model (``costs``), the tile
+simulator (``tiles``), measurement on this machine (``measure``) and its calibrated spec (``calibrate``), the
+report (``report``), the GPU check (``gpu_check``) and the command line (``cli``)."""

@@ -12,9 +12,14 @@ DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
 def _hardware(name):
-    """argparse type: a preset name, 'cpu', or a TOML path; unknown names list the known ones."""
+    """argparse type: a preset name, 'cpu' (this machine, calibrated), or a TOML path; unknown names list the
+    known ones."""
     from .hardware import load
 
+    if name.lower() == "cpu":
+        from .calibrate import cpu_spec
+
+        return cpu_spec()
     try:
         return load(name)
     except ValueError as err:
@@ -32,7 +37,7 @@ def _positive(text):
 
 
 def _report(args) -> int:
-    from .hardware import cpu_spec
+    from .calibrate import cpu_spec
     from .report import SECTIONS, build_report, default_out_dir, planned_steps
 
     out = Path(args.out) if args.out else default_out_dir()
@@ -118,7 +123,8 @@ def _costs(args) -> int:
 
 
 def _hardware_cmd(args) -> int:
-    from .hardware import cpu_spec, load, preset_names
+    from .calibrate import cpu_spec
+    from .hardware import load, preset_names
 
     specs = [load(name) for name in preset_names()] + [cpu_spec(force=args.recalibrate)]
     header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",
@@ -151,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure standard vs flash attention on this CPU, predict with the cost model, and write a "
                     "report into a run directory.")
     report.add_argument("--quick", action="store_true", help="small sizes, under a minute on 2 cores")
-    report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>-cpu)")
+    report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>T<time>-cpu)")
     report.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
                         help=f"hardware for the predicted sections (default {DEFAULT_HARDWARE})")
     report.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")

@@ -59,7 +59,7 @@ def _plain_attention(q, k, v, causal, dtype):
 def _judge(out, ref, dtype, plain=None):
     """(max abs error, bound, passed) against the oracle with the dtype's rule (the tolerance table of
     kernels/attn/_reference.py, which the tests use too)."""
-    from kernels.attn._reference import LOW_PRECISION_FACTOR, TOLERANCES, UNIT_ROUNDOFF
+    from kernels.tolerances import LOW_PRECISION_FACTOR, TOLERANCES, UNIT_ROUNDOFF
 
     out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     err = float(np.abs(out - ref).max(initial=0.0))
@@ -449,7 +449,7 @@ def _chart(path, bench, dram):
 
 def run(out_dir: Path, quick: bool = False, progress=print) -> int:
     """Run the whole check into ``out_dir``; returns 0 if every correctness case passed, else 1."""
-    from kernels import _gpu
+    from kernels._common import gpu as _gpu
 
     if _gpu.cupy_module() is None or _gpu.numba_cuda() is None or _gpu.simulated():
         progress("gpu-check needs a CUDA device with CuPy and numba-cuda (and NUMBA_ENABLE_CUDASIM unset)")

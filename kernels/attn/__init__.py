@@ -1,8 +1,9 @@
-"""Exact attention: a float64 oracle, FlashAttention-2 on the CPU (Numba) and the standard algorithm (NumPy)."""
-from ._api import ALGORITHMS, BACKENDS, attention, flash_memory_bytes
+"""Exact attention: a float64 oracle, FlashAttention-2 and the standard algorithm on the CPU (Numba, NumPy) and on
+the GPU (Numba-CUDA, and CUDA C on tensor cores through CuPy, where bfloat16 runs as well)."""
+from ._api import ALGORITHMS, BACKENDS, attention, attention_bfloat16, flash_memory_bytes
 from ._blocks import default_blocks
-from ._memory import InsufficientMemoryError
+from ._cupy import from_bfloat16_bits, to_bfloat16_bits
 from ._reference import reference
 
-__all__ = ["ALGORITHMS", "BACKENDS", "InsufficientMemoryError", "attention", "default_blocks", "flash_memory_bytes",
-           "reference"]
+__all__ = ["ALGORITHMS", "BACKENDS", "attention", "attention_bfloat16", "default_blocks", "flash_memory_bytes",
+           "from_bfloat16_bits", "reference", "to_bfloat16_bits"]

@@ -6,15 +6,15 @@ import math
 import numpy as np
 
 from . import _numba_cpu
-from .. import _gpu
-from .._blas import single_threaded_blas
+from .._common import gpu as _gpu
+from .._common.dispatch import BACKENDS, choose_backend
+from .._common.blas import single_threaded_blas
 from ._blocks import default_blocks
-from ._memory import ensure_fits
+from .._common.memory import ensure_fits
 from ._standard import standard_forward
 from ._validate import COMPUTE_DTYPE, as_compute_4d, validate
 
 ALGORITHMS = ("flash", "standard")
-BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
 
 
 def _check_choice(name, value, choices):
@@ -34,9 +34,9 @@ def _split_count(tasks, n_key_blocks, threads):
     return min(n_splits, n_key_blocks)
 
 
-def _flash_plan(B, Hq, Hkv, Nq, Nk, d, itemsize, block_q, block_k):
+def _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k):
     """(Br, Bc, n_splits, tasks) of the CPU flash kernel for these sizes."""
-    Br, Bc = default_blocks(d, itemsize, Hq // Hkv)
+    Br, Bc = default_blocks(d, elem_bytes, Hq // Hkv)
     Br = min(block_q or Br, max(Nq, 1))
     Bc = min(block_k or Bc, max(Nk, 1))
     Tr = math.ceil(Nq / Br)
@@ -44,9 +44,9 @@ def _flash_plan(B, Hq, Hkv, Nq, Nk, d, itemsize, block_q, block_k):
     return Br, Bc, n_splits, B * Hkv * Tr * n_splits
 
 
-def flash_memory_bytes(q_shape, k_shape, itemsize, *, block_q=None, block_k=None) -> int:
+def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=None) -> int:
     """Bytes the CPU flash kernel allocates for (B, Hq, Nq, d) queries and (B, Hkv, Nk, d) keys in a dtype of
-    ``itemsize`` bytes, output included: o and lse, the split-KV partial results, and each running task's tiles.
+    ``elem_bytes`` bytes, output included: o and lse, the split-KV partial results, and each running task's tiles.
 
     A task holds Q_i, O_i and the P·V product (rows × d each), S and P (rows × Bc each) and m_i, l_i, alpha
     (rows each), rows = (Hq / Hkv) · Br (``flash_forward`` in ``_numba_cpu.py``); at most one task per thread runs
@@ -54,12 +54,12 @@ def flash_memory_bytes(q_shape, k_shape, itemsize, *, block_q=None, block_k=None
     """
     B, Hq, Nq, d = q_shape
     Hkv, Nk = k_shape[1], k_shape[2]
-    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, itemsize, block_q, block_k)
+    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k)
     rows = (Hq // Hkv) * Br
     task_elems = 3 * rows * d + 2 * rows * Bc + 3 * rows
     out_elems = B * Hq * Nq * (d + 1)  # o and lse
     split_elems = n_splits * out_elems if n_splits > 1 else 0
-    return (out_elems + split_elems + min(tasks, _numba_cpu.num_threads()) * task_elems) * itemsize
+    return (out_elems + split_elems + min(tasks, _numba_cpu.num_threads()) * task_elems) * elem_bytes
 
 
 def _flash(q, k, v, scale, causal, block_q, block_k):
@@ -83,23 +83,23 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     return o, lse
 
 
-def _resolve_backend(backend, q):
-    on_device = _gpu.is_device_array(q)
-    if backend == "auto":
-        if not on_device:
-            return "cpu"
-        from . import _cupy as tier2
+def _cupy_refuses(q, algorithm, block_q, block_k):
+    """Why the tensor-core tier cannot run this call, or None: it is built for float16 with head dims 64 and 128,
+    on fixed tiles."""
+    from . import _cupy as tier2
 
-        tensor_cores = tier2.supported(np.dtype(q.dtype).name, tuple(q.shape)[-1])
-        return "cupy" if tensor_cores and _gpu.cupy_module() is not None else "numba-cuda"
-    if backend == "cpu" and on_device:
-        raise TypeError("backend='cpu' takes NumPy arrays; q, k and v are device arrays (use backend='auto' or "
-                        "'numba-cuda', or copy them to the host)")
-    return backend
+    dtype, d = np.dtype(q.dtype).name, tuple(q.shape)[-1]
+    if not tier2.supported(dtype, d):
+        return f"float16 inputs with head dim {' or '.join(map(str, tier2.HEAD_DIMS))}; got {dtype}, d={d}"
+    if algorithm == "flash" and (block_q is not None or block_k is not None):
+        return (f"no block_q/block_k (its tiles are fixed at Br = {tier2.BR}, Bc = {tier2.BC}); got block_q="
+                f"{block_q}, block_k={block_k}")
+    return None
 
 
 def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
     """Run on the Numba-CUDA tier; NumPy in, NumPy out; device arrays in, device arrays out."""
+    from .._common.numba_cuda import cast
     from . import _numba_cuda
 
     on_host = isinstance(q, np.ndarray)
@@ -108,27 +108,23 @@ def _on_numba_cuda(q, k, v, scale, causal, algorithm, block_q, block_k):
 
     def device_4d(x):
         x = _gpu.to_numba(np.ascontiguousarray(x, dtype=compute) if on_host else _gpu.contiguous(x))
-        return _numba_cuda.cast(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), compute)
+        return cast(x.reshape((1,) * (4 - x.ndim) + tuple(x.shape)), compute)
 
     q4, k4, v4 = device_4d(q), device_4d(k), device_4d(v)
     if algorithm == "standard":
         o, lse = _numba_cuda.standard_forward(q4, k4, v4, scale, causal)
     else:
         o, lse = _numba_cuda.flash_forward(q4, k4, v4, scale, causal, block_q, block_k)
-    o = _numba_cuda.cast(o, np.dtype(q.dtype)).reshape(shape)
+    o = cast(o, np.dtype(q.dtype)).reshape(shape)
     return _gpu.like_input(o, on_host), _gpu.like_input(lse.reshape(shape[:-1]), on_host)
 
 
 def _on_cupy(q, k, v, scale, causal, algorithm):
     """Run on the CUDA C tier (tensor cores): float16, head dims 64 and 128."""
-    from .. import _cupy
+    from .._common import cuda_c as _cupy
     from . import _cupy as tier2
 
     shape = tuple(q.shape)
-    dtype = np.dtype(q.dtype).name
-    if not tier2.supported(dtype, shape[-1]):
-        raise ValueError(f"backend='cupy' takes float16 inputs with head dim {' or '.join(map(str, tier2.HEAD_DIMS))}"
-                         f"; got {dtype}, d={shape[-1]} (backend='numba-cuda' takes any)")
     on_host = isinstance(q, np.ndarray)
 
     def device_4d(x):
@@ -167,17 +163,18 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     block_q, block_k : int, optional
         The flash tile sizes Br (query rows) and Bc (key rows); default from this machine's L2 cache size
         (FlashAttention Algorithm 1, line 1). Any size >= 1 works; they need not divide N. Ignored by
-        ``"standard"``.
+        ``"standard"``. The tensor-core tier has fixed tiles: ``backend="cupy"`` refuses them, and ``"auto"``
+        runs device inputs with block sizes on the Numba-CUDA tier.
     return_lse : bool
         Also return the log-sum-exp of each query row's scaled scores (natural log), shape ``q.shape[:-1]``.
     backend : {"auto", "cpu", "numba-cuda", "cupy"}
         Where to run. ``"cpu"``: Numba (flash) or NumPy (standard) on this machine's cores, for NumPy inputs.
         ``"numba-cuda"``: the Numba-CUDA kernels (``kernels/attn/_numba_cuda.py``), any float dtype and head dim.
         ``"cupy"``: the CUDA C kernels on tensor cores (``kernels/attn/flash_attention.cu``), float16 with head
-        dim 64 or 128 (bfloat16 through ``kernels.attn._cupy`` on uint16 bit patterns). For both GPU backends
-        NumPy inputs are copied to the device and the result back. ``"auto"``: device arrays (CuPy, or anything
-        with ``__cuda_array_interface__``) run on the GPU — on tensor cores where the dtype and head dim allow,
-        else on the Numba-CUDA tier — and come back as CuPy arrays; NumPy arrays run on the CPU.
+        dim 64 or 128 (bfloat16: ``kernels.attn.attention_bfloat16``, on uint16 bit patterns). For both GPU
+        backends NumPy inputs are copied to the device and the result back. ``"auto"``: device arrays (CuPy, or
+        anything with ``__cuda_array_interface__``) run on the GPU — on tensor cores where the dtype, head dim and
+        block sizes allow, else on the Numba-CUDA tier — and come back as CuPy arrays; NumPy arrays run on the CPU.
 
     Returns
     -------
@@ -206,11 +203,11 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     References: Dao et al., "FlashAttention", NeurIPS 2022; Dao, "FlashAttention-2", 2023 (Algorithm 1).
     """
     _check_choice("algorithm", algorithm, ALGORITHMS)
-    _check_choice("backend", backend, BACKENDS)
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
-    backend = _resolve_backend(backend, q)
+    backend = choose_backend("attention", backend, {"q": q, "k": k, "v": v},
+                             cupy_refuses=lambda: _cupy_refuses(q, algorithm, block_q, block_k))
     if backend == "cupy":
         o, lse = _on_cupy(q, k, v, scale, bool(causal), algorithm)
         return (o, lse) if return_lse else o
@@ -227,3 +224,54 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     if return_lse:
         return o, lse.reshape(shape[:-1])
     return o
+
+
+def attention_bfloat16(q, k, v, *, causal=False, scale=None, return_lse=False):
+    """Exact attention on bfloat16 inputs, on tensor cores (the CUDA C tier; CuPy and a GPU of sm_80 or later).
+
+    NumPy and CuPy have no bfloat16 dtype: q, k and v hold bfloat16 bit patterns in uint16 arrays
+    (``to_bfloat16_bits`` makes them from float32 CuPy arrays, ``from_bfloat16_bits`` reads them back).
+
+    Parameters
+    ----------
+    q, k, v : uint16 ndarray or CuPy array of bfloat16 bits, shapes as for :func:`attention`
+        Head dim 64 or 128.
+    causal, scale, return_lse
+        As for :func:`attention`.
+
+    Returns
+    -------
+    o : uint16 bfloat16 bits, the shape of ``q`` (CuPy for device inputs, NumPy for NumPy inputs)
+    lse : float32, ``q.shape[:-1]`` (only with ``return_lse=True``)
+
+    Raises
+    ------
+    TypeError
+        Inputs that are not uint16 arrays, or a mix of NumPy and device arrays.
+    ValueError
+        Mismatched shapes, a head dim other than 64 or 128, a bad scale.
+    RuntimeError
+        Without CuPy and a device.
+    """
+    from . import _cupy as tier2
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not (isinstance(x, np.ndarray) or _gpu.is_device_array(x)) or np.dtype(x.dtype) != np.uint16:
+            raise TypeError(f"{name} must be a uint16 array of bfloat16 bit patterns (to_bfloat16_bits makes one); "
+                            f"got {type(x).__name__} of dtype {getattr(x, 'dtype', None)}")
+    # the shape and argument checks of every other call, on float16 views of the same bits
+    scale = validate(*(x.view(np.float16) for x in (q, k, v)), causal=causal, scale=scale, block_q=None,
+                     block_k=None)
+    d = tuple(q.shape)[-1]
+    if d not in tier2.HEAD_DIMS:
+        raise ValueError(f"attention_bfloat16 takes head dim {' or '.join(map(str, tier2.HEAD_DIMS))}; got d={d}")
+    from .._common import cuda_c as _cupy
+
+    cupy = _cupy.require_cupy()
+    shape = tuple(q.shape)
+    q4, k4, v4 = (_cupy.as_cupy(x).reshape((1,) * (4 - x.ndim) + tuple(x.shape)) for x in (q, k, v))
+    o, lse = tier2.flash_forward(q4, k4, v4, scale, bool(causal), dtype="bfloat16")
+    o, lse = o.reshape(shape), lse.reshape(shape[:-1])
+    if isinstance(q, np.ndarray):
+        o, lse = cupy.asnumpy(o), cupy.asnumpy(lse)
+    return (o, lse) if return_lse else o

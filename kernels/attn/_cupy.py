@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy, _gpu
+from .._common import cuda_c as _cupy, gpu as _gpu
 
 SOURCE = Path(__file__).with_name("flash_attention.cu")
 HEAD_DIMS = (64, 128)  # the head dims the tensor-core kernel is built for
@@ -32,9 +32,9 @@ def supported(dtype: str, d: int) -> bool:
     return dtype in CTYPES and d in HEAD_DIMS
 
 
-def flash_shared_bytes(d: int, itemsize: int = 2) -> int:
+def flash_shared_bytes(d: int, elem_bytes: int = 2) -> int:
     """Dynamic shared memory of one block: the Q tile and two stages of K and V tiles, rows padded by 16 bytes."""
-    row = (d + 8) * itemsize
+    row = (d + 8) * elem_bytes
     return (BR + 4 * BC) * row
 
 
@@ -52,7 +52,7 @@ def flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16"):
     if B * Hq * Nq == 0:
         return o, lse
     shared_bytes = flash_shared_bytes(d)
-    _cupy.check_shared_memory(shared_bytes, f"flash attention tiles Br={BR}, Bc={BC}, d={d}")
+    _cupy.check_optin_shared_memory(shared_bytes, f"flash attention tiles Br={BR}, Bc={BC}, d={d}")
     kernel = _cupy.kernel(SOURCE, f"ioaware::flash_forward<{CTYPES[dtype]}, {d}, {BR}, {BC}>", NAMES)
     kernel.max_dynamic_shared_size_bytes = shared_bytes
     blockspergrid = (math.ceil(Nq / BR), B * Hq)

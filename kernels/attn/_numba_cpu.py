@@ -27,124 +27,15 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba import njit, prange
 
-# Fast-math without 'nnan'/'ninf': reductions may be reassociated (so they vectorize), but NaN and inf keep their
-# IEEE meaning, which the NaN-propagation contract of kernels.attention relies on.
-FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+from .._common.numba_cpu import FASTMATH, exp_row
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = 2^(x · log2 e)
-# ln 2 split in two (Cody & Waite 1980, "Software Manual for the Elementary Functions", ch. 6): the high part
-# has few enough mantissa bits that r·LN2_HI is exact, so x − r·ln2 keeps its precision for large |x|.
-# Values: Cephes expf (0.693359375, -2.12194440e-4) and fdlibm e_exp.c (ln2HI, ln2LO).
-LN2_HI_F32, LN2_LO_F32 = 0.693359375, -2.12194440e-4
-LN2_HI_F64, LN2_LO_F64 = 6.93147180369123816490e-01, 1.90821492927058770002e-10
-# exp's argument is clamped to the normal range, exp(-87) > 2^-126 and exp(88) < 2^127 (float32), likewise
-# exp(±708) for float64: below, a term adds nothing next to the exp(0) = 1 of the reference maximum.
-EXP_MIN_F32, EXP_MAX_F32 = -87.0, 88.0
-EXP_MIN_F64, EXP_MAX_F64 = -708.0, 708.0
 # Lazy rescaling (as FlashAttention-4 does on Blackwell): each block's exp is taken against the running maximum
 # m_i of the earlier blocks, and m_i moves only when a row's sum of exps exceeds this bound, i.e. when a new score
 # beats the old maximum by more than log(RESCALE_LIMIT) (in units of scaled scores). Every reference value gives
 # the same softmax; the bound only keeps the sums finite. This saves the max pass on all but the first block.
 RESCALE_LIMIT = 2.0**16
-
-
-@intrinsic
-def _as_float(typingctx, bits):
-    """Reinterpret the bits of an int32 as a float32, or of an int64 as a float64 (no conversion)."""
-    targets = {types.int32: (types.float32, ir.FloatType()), types.int64: (types.float64, ir.DoubleType())}
-    if bits not in targets:
-        return None
-    result, llvm_type = targets[bits]
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return result(bits), codegen
-
-
-@intrinsic
-def _as_int(typingctx, value):
-    """Reinterpret the bits of a float32 as an int32, or of a float64 as an int64 (no conversion)."""
-    targets = {types.float32: (types.int32, ir.IntType(32)), types.float64: (types.int64, ir.IntType(64))}
-    if value not in targets:
-        return None
-    result, llvm_type = targets[value]
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return result(value), codegen
-
-
-@njit(inline="always")
-def _clamp(x, lo, hi):
-    """x limited to [lo, hi]; unlike min/max, a NaN x stays NaN (each comparison is false for it)."""
-    x = lo if x < lo else x
-    return hi if x > hi else x
-
-
-def exp_row(s, p, n, m, c):
-    """p[j] ← exp(s[j]·c − m) for j < n, and return their sum (compiled by the overload below).
-
-    exp(x) = 2^r · exp(f), r = round(x·log2 e), f = x − r·ln 2 in [−ln2/2, ln2/2]: 2^r is built straight in the
-    exponent bits of a float (IEEE 754), exp(f) is its Taylor polynomial, degree 6 for float32 (truncation error
-    ≤ 0.347⁷/7! = 1.2e-7 relative) and degree 12 for float64 (≤ 0.347¹³/13! = 1.8e-16). x is clamped to the
-    normal exponent range, so no bit pattern wraps; a clamped large x shows as a huge sum, which the caller
-    treats as a new maximum. A NaN passes the clamp and makes the sum NaN. One pass, no branch: it vectorizes.
-    """
-    raise NotImplementedError("compiled through numba.extending.overload; call it from jitted code")
-
-
-def _exp_row_f32(s, p, n, m, c):
-    c32, m32 = np.float32(c), np.float32(m)  # keep the loop in float32 (a float64 m would widen every lane)
-    total = np.float32(0.0)
-    for j in range(n):
-        x = _clamp(s[j] * c32 - m32, np.float32(EXP_MIN_F32), np.float32(EXP_MAX_F32))
-        r = np.floor(x * np.float32(LOG2E) + np.float32(0.5))  # round(x · log2 e), kept in float32
-        f = x - r * np.float32(LN2_HI_F32) - r * np.float32(LN2_LO_F32)  # x − r·ln2 in [-ln2/2, ln2/2]
-        poly = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
-            np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
-        two_r = _as_float(np.int32((np.int32(r) + np.int32(127)) << np.int32(23)))  # 2^r: biased exponent (binary32)
-        e = poly * two_r
-        p[j] = e
-        total += e
-    return total
-
-
-def _exp_row_f64(s, p, n, m, c):
-    total = 0.0
-    for j in range(n):
-        x = _clamp(s[j] * c - m, EXP_MIN_F64, EXP_MAX_F64)
-        r = np.floor(x * LOG2E + 0.5)  # round(x · log2 e)
-        f = x - r * LN2_HI_F64 - r * LN2_LO_F64  # x − r·ln2 in [-ln2/2, ln2/2]
-        poly = 1.0 / 479001600.0  # 1/12!, then Horner down to 1/0!
-        poly = 1.0 / 39916800.0 + f * poly
-        poly = 1.0 / 3628800.0 + f * poly
-        poly = 1.0 / 362880.0 + f * poly
-        poly = 1.0 / 40320.0 + f * poly
-        poly = 1.0 / 5040.0 + f * poly
-        poly = 1.0 / 720.0 + f * poly
-        poly = 1.0 / 120.0 + f * poly
-        poly = 1.0 / 24.0 + f * poly
-        poly = 1.0 / 6.0 + f * poly
-        poly = 0.5 + f * poly
-        poly = 1.0 + f * poly
-        poly = 1.0 + f * poly
-        e = poly * _as_float(np.int64((np.int64(r) + np.int64(1023)) << np.int64(52)))  # 2^r (binary64)
-        p[j] = e
-        total += e
-    return total
-
-
-@overload(exp_row, fastmath=FASTMATH)
-def _exp_row_overload(s, p, n, m, c):
-    if s.dtype == types.float32:
-        return _exp_row_f32
-    return _exp_row_f64
 
 
 @njit(fastmath=FASTMATH)

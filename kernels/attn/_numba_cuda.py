@@ -23,8 +23,8 @@ import math
 import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
-from .. import _gpu
-from .._numba_cuda_device import block_max, block_sum
+from .._common import gpu as _gpu
+from .._common.numba_cuda import block_max, block_sum, fill
 
 # Launch shapes of the standard algorithm and the split combine. Under Numba's simulator every thread is a Python
 # thread, so there the blocks shrink (the kernels take any power-of-two size; the tests run both).
@@ -33,19 +33,19 @@ SOFTMAX_THREADS = 8 if _gpu.simulated() else 128  # threads per row in the softm
 COMBINE_THREADS = 128
 
 
-def default_tiles(d: int, itemsize: int) -> tuple[int, int]:
+def default_tiles(d: int, elem_bytes: int) -> tuple[int, int]:
     """(Br, Bc): Br query rows (one thread each) and the largest power-of-two Bc whose Q, K and V tiles,
     (Br + 2·Bc)·d elements, fit the 48 KiB a block gets without opt-in."""
     Br = 64 if d <= 64 else 32 if d <= 128 else 16
     Bc = 128
-    while Bc > 1 and flash_shared_bytes(Br, Bc, d, itemsize) > _gpu.STATIC_SHARED_LIMIT:
+    while Bc > 1 and flash_shared_bytes(Br, Bc, d, elem_bytes) > _gpu.STATIC_SHARED_LIMIT:
         Bc //= 2
     return Br, Bc
 
 
-def flash_shared_bytes(Br: int, Bc: int, d: int, itemsize: int) -> int:
+def flash_shared_bytes(Br: int, Bc: int, d: int, elem_bytes: int) -> int:
     """Shared memory of one flash block: the Q tile (Br × d) and the K and V tiles (Bc × d each)."""
-    return (Br + 2 * Bc) * d * itemsize
+    return (Br + 2 * Bc) * d * elem_bytes
 
 
 def _numba_dtype(dtype):
@@ -198,10 +198,10 @@ def flash_forward(q, k, v, scale, causal, block_q=None, block_k=None, n_splits=N
     _gpu.require_numba_cuda()
     B, Hq, Nq, d = q.shape
     Nk = k.shape[2]
-    itemsize = np.dtype(q.dtype).itemsize
-    Br, Bc = default_tiles(d, itemsize)
+    elem_bytes = np.dtype(q.dtype).itemsize
+    Br, Bc = default_tiles(d, elem_bytes)
     Br, Bc = block_q or Br, block_k or Bc
-    _gpu.check_shared_memory(flash_shared_bytes(Br, Bc, d, itemsize),
+    _gpu.check_static_shared_memory(flash_shared_bytes(Br, Bc, d, elem_bytes),
                              f"flash attention tiles Br={Br}, Bc={Bc}, d={d} ({np.dtype(q.dtype).name})")
     n_q_tiles = max(1, math.ceil(Nq / Br))
     n_key_tiles = max(1, math.ceil(Nk / Bc))
@@ -321,13 +321,13 @@ def standard_forward(q, k, v, scale, causal, tile=None, threads=None):
     _gpu.require_numba_cuda()
     B, Hq, Nq, d = q.shape
     Nk = k.shape[2]
-    itemsize = np.dtype(q.dtype).itemsize
-    _gpu.ensure_device_fits(B * Hq * Nq * Nk * itemsize,
+    elem_bytes = np.dtype(q.dtype).itemsize
+    _gpu.ensure_device_fits(B * Hq * Nq * Nk * elem_bytes,
                             f"attention(algorithm='standard') for S of shape ({B}, {Hq}, {Nq}, {Nk})")
     T, threads = tile or MATMUL_TILE, threads or SOFTMAX_THREADS
     if threads & (threads - 1):
         raise ValueError(f"threads must be a power of two (tree reductions); got {threads}")
-    _gpu.check_shared_memory((2 * T * T) * itemsize, f"standard attention matmul tiles {T}x{T}")
+    _gpu.check_static_shared_memory((2 * T * T) * elem_bytes, f"standard attention matmul tiles {T}x{T}")
     scores, softmax, pv = _standard_kernels(T, threads, np.dtype(q.dtype).name)
     s = cuda.device_array((B, Hq, Nq, Nk), dtype=q.dtype)
     o = cuda.device_array((B, Hq, Nq, d), dtype=q.dtype)
@@ -335,45 +335,10 @@ def standard_forward(q, k, v, scale, causal, tile=None, threads=None):
     if B * Hq * Nq == 0:
         return o, lse
     if Nk == 0:  # no keys at all: zeros and lse = −inf
-        _fill(o, 0.0)
-        _fill(lse, -math.inf)
+        fill(o, 0.0)
+        fill(lse, -math.inf)
         return o, lse
     scores[(math.ceil(Nk / T), math.ceil(Nq / T), B * Hq), (T, T)](q, k, s, np.dtype(q.dtype).type(scale), causal)
     softmax[B * Hq * Nq, threads](s.reshape(B * Hq * Nq, Nk), lse.reshape(B * Hq * Nq))
     pv[(math.ceil(d / T), math.ceil(Nq / T), B * Hq), (T, T)](s, v, o)
     return o, lse
-
-
-@functools.lru_cache(maxsize=None)
-def _elementwise_kernels():
-
-    @cuda.jit
-    def fill(x, value):
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] = value
-
-    @cuda.jit
-    def cast(src, dst):
-        i = cuda.grid(1)
-        if i < src.size:
-            dst[i] = src[i]
-
-    return fill, cast
-
-
-def _fill(x, value):
-    fill, _ = _elementwise_kernels()
-    flat = x.reshape(x.size)
-    fill[_gpu.launch_1d(x.size, 256)](flat, value)
-
-
-def cast(x, dtype):
-    """A contiguous device copy of device array ``x`` in ``dtype`` (or ``x`` itself when it already is)."""
-    if np.dtype(x.dtype) == np.dtype(dtype):
-        return x
-    out = cuda.device_array(x.shape, dtype=dtype)
-    if x.size:
-        _, kernel = _elementwise_kernels()
-        kernel[_gpu.launch_1d(x.size, 256)](x.reshape(x.size), out.reshape(x.size))
-    return out

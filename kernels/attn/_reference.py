@@ -2,21 +2,13 @@
 
 Every backend of ``kernels.attention`` is tested against this function. It materializes the scores of one query
 row at a time and sums only over the keys that row may see, so a NaN in k or v reaches exactly the query rows that
-attend to it (see ``kernels.attention``, Notes).
+attend to it (see ``kernels.attention``, Notes). How close a backend must come to it: ``kernels.tolerances``.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ._validate import normalize
-
-# How close a backend must come to this oracle, one table for the tests and the GPU check alike (by dtype name):
-# |x − ref| <= atol + rtol·|ref| on the same rounded inputs; float16 and bfloat16 by flash-attn's rule instead,
-# error <= LOW_PRECISION_FACTOR × the error of the same computation done plainly in that precision, plus
-# UNIT_ROUNDOFF (half an ulp, relative: 2^-11 for IEEE binary16, 2^-8 for bfloat16) of the output's scale.
-TOLERANCES = {"float64": {"atol": 1e-12, "rtol": 1e-10}, "float32": {"atol": 3e-6, "rtol": 1e-5}}
-LOW_PRECISION_FACTOR = 2.0
-UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
 def reference(q, k, v, *, causal=False, scale=None, return_lse=False):

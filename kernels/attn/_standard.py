@@ -2,20 +2,20 @@
 
 This is the algorithm FlashAttention replaces (Dao et al. 2022, Algorithm 0): S is written, the softmax reads S
 and writes P, and P V reads P, so it needs 2 · B · Hq · Nq · Nk elements of extra memory. Its matmuls run on
-BLAS on all cores (through Numba's pool, ``kernels._blas.batched_matmul``), its elementwise passes in NumPy on one
+BLAS on all cores (through Numba's pool, ``kernels._common.blas.batched_matmul``), its elementwise passes in NumPy on one
 core each, as frameworks' unfused attention does.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .._blas import batched_matmul
-from ._memory import ensure_fits
+from .._common.blas import batched_matmul
+from .._common.memory import ensure_fits
 
 
-def standard_bytes(B, Hq, Nq, Nk, itemsize, causal):
+def standard_bytes(B, Hq, Nq, Nk, elem_bytes, causal):
     """Bytes that ``standard_forward`` allocates beyond its inputs and output: S and P, plus the causal mask."""
-    score_bytes = B * Hq * Nq * Nk * itemsize  # one (B, Hq, Nq, Nk) matrix
+    score_bytes = B * Hq * Nq * Nk * elem_bytes  # one (B, Hq, Nq, Nk) matrix
     mask_bytes = Nq * Nk if causal else 0  # bool (Nq, Nk)
     return 2 * score_bytes + mask_bytes
 

@@ -6,20 +6,15 @@ import numbers
 
 import numpy as np
 
-from .._gpu import is_device_array
-
-# float16 is accepted and computed in float32 (its products and sums would overflow or lose too much in float16).
-COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
-                 np.dtype(np.float32): np.dtype(np.float32),
-                 np.dtype(np.float64): np.dtype(np.float64)}
+from .._common.dtypes import COMPUTE_DTYPE, check_float_dtype
+from .._common.gpu import is_device_array
 
 
 def _check_array(name, x):
     if not (isinstance(x, np.ndarray) or is_device_array(x)):
         raise TypeError(f"{name} must be a numpy.ndarray or a device array (__cuda_array_interface__); "
                         f"got {type(x).__name__}")
-    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
-        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+    check_float_dtype(name, x)
     if x.ndim not in (2, 3, 4):
         raise ValueError(f"{name} must have 2, 3 or 4 dimensions ((N, d), (H, N, d) or (B, H, N, d)); "
                          f"got shape {x.shape}")

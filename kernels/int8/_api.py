@@ -1,4 +1,5 @@
-"""LLM.int8() from NumPy: vector-wise quantization, the split matmul, a naive baseline, and ``Int8Linear``."""
+"""LLM.int8()'s public functions: vector-wise quantization, the split matmul on every tier, a naive baseline, and
+``Int8Linear``."""
 from __future__ import annotations
 
 import math
@@ -7,26 +8,40 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
-
-from .. import _gpu
+from .._common import gpu as _gpu
+from .._common.dispatch import choose_backend
+from .._common.dtypes import check_float_dtype
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
-GEMM_TILE = (32, 128)  # BM rows of X by BN rows of Wᵀ per task (measured: 32x128, 64x64, 128x32 within 5%)
+GEMM_TASK = (32, 128)  # BM rows of X by BN rows of W per CPU task (measured: 32x128, 64x64, 128x32 within 5%)
 
 
 def _check_float(name, x, ndim=None):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
-    if x.dtype not in COMPUTE_DTYPE:
-        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
-    if ndim == "matrix" and x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (K, N); got shape {x.shape}")
-    if ndim == "vectors" and x.ndim < 1:
-        raise ValueError(f"{name} must have at least one dimension (..., K); got a scalar")
+    check_float_dtype(name, x)
+    _check_ndim(name, x, ndim)
     if x.size and not np.isfinite(x).all():
         raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
+
+
+def _check_ndim(name, x, ndim):
+    if ndim == "matrix" and x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, K) = (out_features, in_features), as torch.nn.Linear.weight; "
+                         f"got shape {tuple(x.shape)}")
+    if ndim == "vectors" and x.ndim < 1:
+        raise ValueError(f"{name} must have at least one dimension (..., K); got a scalar")
+
+
+def _check_k(x_shape, w_shape):
+    """x (..., K) against a weight (N, K): the same K, and few enough products for an exact int32 sum."""
+    K = w_shape[1]
+    if x_shape[-1] != K:
+        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (last axis: w is (N, K) = "
+                         f"(out_features, in_features))")
+    if K > MAX_EXACT_K:
+        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
 
 
 def _check_threshold(threshold):
@@ -76,46 +91,50 @@ def quantize_vectorwise(x, axis=-1):
 
 @dataclass(frozen=True)
 class Int8Weight:
-    """A weight W (K × N) quantized column-wise (one absmax per output feature), stored transposed as (N, K) int8
-    so that each output is a contiguous dot product; optionally a float16 copy for the outlier rows."""
+    """A weight W (N, K) = (out_features, in_features), as ``torch.nn.Linear.weight`` stores it, quantized
+    row-wise: one absmax per output feature (LLM.int8() §3.2, vector-wise), so each output is a dot product of two
+    contiguous int8 rows; optionally a float16 copy for the outlier input features."""
 
-    w_i8_t: np.ndarray  # (N, K) int8
+    w_i8: np.ndarray  # (N, K) int8
     absmax: np.ndarray  # (N,) float32
-    w_fp16: np.ndarray | None = None  # (K, N) float16, only with keep_fp16_weights
+    w_fp16: np.ndarray | None = None  # (N, K) float16, only with keep_fp16_weights
 
     @property
     def shape(self):
-        return (self.w_i8_t.shape[1], self.w_i8_t.shape[0])
+        """(N, K) = (out_features, in_features)."""
+        return tuple(self.w_i8.shape)
 
     @property
     def nbytes(self) -> int:
         extra = self.w_fp16.nbytes if self.w_fp16 is not None else 0
-        return self.w_i8_t.nbytes + self.absmax.nbytes + extra
+        return self.w_i8.nbytes + self.absmax.nbytes + extra
 
     @classmethod
     def from_float(cls, w, keep_fp16_weights=False):
+        """Quantize a float weight w (N, K) = (out_features, in_features)."""
         _check_float("w", w, "matrix")
         w32 = np.ascontiguousarray(w, dtype=np.float32)
-        K, N = w32.shape
-        w_i8_t = np.empty((N, K), dtype=np.int8)
+        N, K = w32.shape
+        w_i8 = np.empty((N, K), dtype=np.int8)
         absmax = np.empty(N, dtype=np.float32)
-        _numba_cpu.quantize_columns_transposed(w32, w_i8_t, absmax)
-        return cls(w_i8_t, absmax, w32.astype(np.float16) if keep_fp16_weights else None)
+        _numba_cpu.quantize_rows(w32, np.zeros(K, dtype=np.bool_), w_i8, absmax)
+        return cls(w_i8, absmax, w32.astype(np.float16) if keep_fp16_weights else None)
 
-    def outlier_rows_fp16(self, rows):
-        """Rows ``rows`` of W in float16: the kept copy, or dequantized from int8 (int8 · absmax / 127)."""
+    def outlier_weights_fp16(self, dims):
+        """The weights of the input features ``dims`` in float16, (J, N): the kept copy, or dequantized from int8
+        (int8 · absmax / 127)."""
         if self.w_fp16 is not None:
-            return self.w_fp16[rows]
-        return (self.w_i8_t[:, rows].T.astype(np.float32) * (self.absmax / np.float32(QMAX))).astype(np.float16)
+            return np.ascontiguousarray(self.w_fp16[:, dims].T)
+        return (self.w_i8[:, dims].T.astype(np.float32) * (self.absmax / np.float32(QMAX))).astype(np.float16)
 
 
-def int8_gemm(x_i8, w_i8_t):
-    """Exact int32 product of int8 x (M, K) and the transposed int8 weight (N, K): (M, N) int32."""
+def int8_gemm(x_i8, w_i8):
+    """Exact int32 product x_i8 · w_i8ᵀ of int8 x (M, K) and an int8 weight (N, K): (M, N) int32."""
     M, K = x_i8.shape
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
-    out = np.empty((M, w_i8_t.shape[0]), dtype=np.int32)
-    _numba_cpu.gemm_i8(np.ascontiguousarray(x_i8), np.ascontiguousarray(w_i8_t), out, *GEMM_TILE)
+    out = np.empty((M, w_i8.shape[0]), dtype=np.int32)
+    _numba_cpu.gemm_i8(np.ascontiguousarray(x_i8), np.ascontiguousarray(w_i8), out, *GEMM_TASK)
     return out
 
 
@@ -141,13 +160,13 @@ def _split_matmul_kernels(x, weight: Int8Weight, threshold):
     x_i8 = np.empty((M, K), dtype=np.int8)
     absmax_x = np.empty(M, dtype=np.float32)
     _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
-    c = int8_gemm(x_i8, weight.w_i8_t)  # (M, N) int32, exact
+    c = int8_gemm(x_i8, weight.w_i8)  # (M, N) int32, exact
     y = np.empty(c.shape, dtype=np.float32)
     _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
-    # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32
+    # float16 part: the outlier columns of x against the matching columns of w, accumulated in float32
     if outliers.size:
         x_out = x[:, outliers].astype(np.float16).astype(np.float32)  # (M, J)
-        w_out = weight.outlier_rows_fp16(outliers).astype(np.float32)  # (J, N)
+        w_out = weight.outlier_weights_fp16(outliers).astype(np.float32)  # (J, N)
         _numba_cpu.add_outlier_product(x_out, w_out, y)
     return y, outliers
 
@@ -158,8 +177,8 @@ def _split_gemv(x, weight: Int8Weight, threshold):
     if weight.w_fp16 is not None:
         return _split_matmul_kernels(x, weight, threshold)
     flags = np.empty(x.shape[1], dtype=np.bool_)
-    y = np.empty((x.shape[0], weight.w_i8_t.shape[0]), dtype=np.float32)
-    _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8_t, weight.absmax, y, flags)
+    y = np.empty((x.shape[0], weight.w_i8.shape[0]), dtype=np.float32)
+    _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
     return y, np.flatnonzero(flags)
 
 
@@ -171,9 +190,6 @@ def _as_weight(w, keep_fp16_weights=False):
     return Int8Weight.from_float(w, keep_fp16_weights)
 
 
-BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
-
-
 def _check_gpu_call(x, w, threshold):
     """The checks both GPU tiers make: (weight or None, K, N, x's shape, threshold). ``weight`` is the
     ``Int8Weight`` when w is pre-quantized, None when w is a float matrix to quantize on the device."""
@@ -181,15 +197,12 @@ def _check_gpu_call(x, w, threshold):
     weight = None
     if isinstance(w, (Int8Weight, Int8Linear)):
         weight = _as_weight(w)
-        K, N = weight.shape
+        N, K = weight.shape
     else:
         _check_any_float("w", w, "matrix")
-        K, N = tuple(w.shape)
+        N, K = tuple(w.shape)
     x_shape = tuple(x.shape)  # (a simulator array's shape is no tuple)
-    if x_shape[-1] != K:
-        raise ValueError(f"x has K = {x_shape[-1]} (last axis) but w has K = {K} (first axis)")
-    if K > MAX_EXACT_K:
-        raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
+    _check_k(x_shape, (N, K))
     return weight, K, N, x_shape, _check_threshold(threshold)
 
 
@@ -203,20 +216,20 @@ def _int8_matmul_numba_cuda(x, w, threshold):
         if weight.w_fp16 is not None:
             raise ValueError("backend='numba-cuda' dequantizes the outlier rows from int8; an Int8Weight with "
                              "keep_fp16_weights is CPU-only")
-        w_i8_t, absmax_w = _gpu.to_numba(weight.w_i8_t), _gpu.to_numba(weight.absmax)
+        w_i8, absmax_w = _gpu.to_numba(weight.w_i8), _gpu.to_numba(weight.absmax)
     else:
         w_dev = _numba_cuda.cast_f32(_gpu.to_numba(np.ascontiguousarray(w, dtype=np.float32) if on_host
                                                     else _gpu.contiguous(w)))
-        w_i8_t, absmax_w = _numba_cuda.quantize_weight(w_dev)
+        w_i8, absmax_w = _numba_cuda.quantize_weight(w_dev)
     x_dev = _gpu.to_numba(np.ascontiguousarray(x, dtype=np.float32) if on_host else _gpu.contiguous(x))
     x_dev = _numba_cuda.cast_f32(x_dev).reshape(math.prod(x_shape[:-1]), K)
-    y, _ = _numba_cuda.split_matmul(x_dev, w_i8_t, absmax_w, threshold)
+    y, _ = _numba_cuda.split_matmul(x_dev, w_i8, absmax_w, threshold)
     return _gpu.like_input(y.reshape(x_shape[:-1] + (N,)), on_host)
 
 
 def _int8_matmul_cupy(x, w, threshold):
     """``int8_matmul`` on the CUDA C tier (tensor cores): NumPy in, NumPy out; device arrays in, CuPy out."""
-    from .. import _cupy
+    from .._common import cuda_c as _cupy
     from . import _cupy as tier2
 
     cupy = _cupy.require_cupy()
@@ -224,15 +237,15 @@ def _int8_matmul_cupy(x, w, threshold):
     weight, K, N, x_shape, threshold = _check_gpu_call(x, w, threshold)
     w_fp16 = None
     if weight is not None:
-        w_i8_t = cupy.zeros((N, tier2.padded(K)), dtype=cupy.int8)  # K padded with zeros (16-byte rows)
-        w_i8_t[:, :K] = cupy.asarray(weight.w_i8_t)
+        w_i8 = cupy.zeros((N, tier2.padded(K)), dtype=cupy.int8)  # K padded with zeros (16-byte rows)
+        w_i8[:, :K] = cupy.asarray(weight.w_i8)
         absmax_w = cupy.asarray(weight.absmax)
         if weight.w_fp16 is not None:
-            w_fp16 = cupy.asarray(weight.w_fp16)
+            w_fp16 = cupy.ascontiguousarray(cupy.asarray(weight.w_fp16).T)  # (K, N), as int8_matmul.cu reads it
     else:
-        w_i8_t, absmax_w = tier2.quantize_weight(_cupy.as_cupy(w, np.float32))
+        w_i8, absmax_w = tier2.quantize_weight(_cupy.as_cupy(w, np.float32))
     x2d = _cupy.as_cupy(x, np.float32).reshape(math.prod(x_shape[:-1]), K)
-    y, _, _ = tier2.split_matmul(x2d, w_i8_t, absmax_w, threshold, w_fp16)
+    y, _, _ = tier2.split_matmul(x2d, w_i8, absmax_w, threshold, w_fp16)
     y = y.reshape(x_shape[:-1] + (N,))
     return cupy.asnumpy(y) if on_host else y
 
@@ -248,30 +261,29 @@ def _check_any_float(name, x, ndim):
 def _check_device_float(name, x, ndim):
     from . import _numba_cuda
 
-    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
-        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
-    if ndim == "matrix" and x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (K, N); got shape {x.shape}")
-    if ndim == "vectors" and x.ndim < 1:
-        raise ValueError(f"{name} must have at least one dimension (..., K); got a scalar")
+    check_float_dtype(name, x)
+    _check_ndim(name, x, ndim)
     if not _numba_cuda.all_finite(_gpu.to_numba(_gpu.contiguous(x))):
         raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
 
 
 def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
-    """LLM.int8() matrix multiplication with mixed-precision decomposition: x @ w, float32 result.
+    """LLM.int8() matrix multiplication with mixed-precision decomposition: x · wᵀ, float32 result, with w stored
+    (out_features, in_features) as ``torch.nn.functional.linear`` takes it.
 
     Parameters
     ----------
     x : ndarray, (..., K), float16/32/64
-    w : ndarray (K, N) float, or a pre-quantized ``Int8Weight`` / ``Int8Linear``
+    w : ndarray (N, K) float, or a pre-quantized ``Int8Weight`` / ``Int8Linear``
+        N = out_features, K = in_features: the layout of ``torch.nn.Linear.weight``, bitsandbytes and
+        ``kernels.dense``.
     threshold : float, >= 0
         Outlier threshold: the hidden dimensions (columns of x) where any |x| >= threshold over all rows of this
         input go through a float16 matmul. ``0`` turns the decomposition off (plain vector-wise int8).
 
     backend : {"auto", "cpu", "numba-cuda", "cupy"}
         ``"cpu"``: the Numba CPU kernels, for NumPy inputs. ``"numba-cuda"``: the Numba-CUDA kernels
-        (``kernels/int8/_numba_cuda.py``); the outlier rows of W come from its int8 values there (an
+        (``kernels/int8/_numba_cuda.py``); the outlier weights come from their int8 values there (an
         ``Int8Weight`` with a kept float16 copy is refused). ``"cupy"``: the CUDA C kernels on tensor cores
         (``kernels/int8/int8_matmul.cu``). For both GPU backends NumPy inputs are copied to the device and the
         result back. ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU (tensor cores when
@@ -290,94 +302,101 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
 
     Notes
     -----
-    Dettmers et al. 2022, §3.2 and eq. 7: regular dimensions are quantized row-wise (x) and column-wise (w),
-    multiplied in int8 with int32 accumulation and dequantized by absmax_x ⊗ absmax_w / 127²; the outlier
-    dimensions use float16 inputs with float32 accumulation.
+    Dettmers et al. 2022, §3.2 and eq. 7: regular dimensions are quantized row-wise, x per token and w per output
+    feature, multiplied in int8 with int32 accumulation and dequantized by absmax_x ⊗ absmax_w / 127²; the
+    outlier dimensions use float16 inputs with float32 accumulation.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(map(repr, BACKENDS))}")
     on_device = _gpu.is_device_array(x) or _gpu.is_device_array(w)
     if on_device and not (_gpu.is_device_array(x) and (_gpu.is_device_array(w) or isinstance(w, (Int8Weight,
                                                                                                 Int8Linear)))):
         raise TypeError("x and w must both be NumPy arrays or both device arrays (w may be an Int8Weight)")
-    if backend == "cpu" and on_device:
-        raise TypeError("backend='cpu' takes NumPy arrays; x is a device array (use backend='auto' or "
-                        "'numba-cuda', or copy it to the host)")
-    if backend == "auto" and on_device:
-        backend = "cupy" if _gpu.cupy_module() is not None else "numba-cuda"
+    arrays = {"x": x} if isinstance(w, (Int8Weight, Int8Linear)) else {"x": x, "w": w}
+    backend = choose_backend("int8_matmul", backend, arrays)  # every tier takes every float dtype
     if backend == "cupy":
         return _int8_matmul_cupy(x, w, threshold)
     if backend == "numba-cuda":
         return _int8_matmul_numba_cuda(x, w, threshold)
+    _check_float("x", x, "vectors")  # x before w, as the GPU tiers check them
+    y, _ = _int8_matmul_cpu(x, _as_weight(w), _check_threshold(threshold))
+    return y
+
+
+def _int8_matmul_cpu(x, weight: Int8Weight, threshold):
+    """The CPU tier on NumPy x (..., K): (y (..., N) float32, the outlier dimensions of this call)."""
     _check_float("x", x, "vectors")
-    weight = _as_weight(w)
-    K, N = weight.shape
-    if x.shape[-1] != K:
-        raise ValueError(f"x has K = {x.shape[-1]} (last axis) but w has K = {K} (first axis)")
-    threshold = _check_threshold(threshold)
+    N, K = weight.shape
+    _check_k(x.shape, weight.shape)
     x2d = np.ascontiguousarray(x.reshape(-1, K), dtype=np.float32)
-    y, _ = _split_matmul(x2d, weight, threshold)
-    return y.reshape(x.shape[:-1] + (N,))
+    y, outliers = _split_matmul(x2d, weight, threshold)
+    return y.reshape(x.shape[:-1] + (N,)), outliers
 
 
 def naive_absmax_matmul(x, w):
-    """x @ w with one absmax scale per tensor for x and for w: the int8 baseline that outlier features break."""
+    """x · wᵀ (w (N, K), as ``int8_matmul``) with one absmax scale per tensor for x and for w: the int8 baseline
+    that outlier features break."""
     _check_float("x", x, "vectors")
     _check_float("w", w, "matrix")
-    if x.shape[-1] != w.shape[0]:
-        raise ValueError(f"x has K = {x.shape[-1]} (last axis) but w has K = {w.shape[0]} (first axis)")
+    _check_k(x.shape, w.shape)
     x_i8, ax = quantize_vectorwise(x.reshape(1, -1), axis=-1)
     w_i8, aw = quantize_vectorwise(w.reshape(1, -1), axis=-1)
-    c = int8_gemm(x_i8.reshape(-1, x.shape[-1]), np.ascontiguousarray(w_i8.reshape(w.shape).T))
+    c = int8_gemm(x_i8.reshape(-1, x.shape[-1]), w_i8.reshape(w.shape))
     y = c * np.float32(ax[0] * aw[0] / np.float32(QMAX * QMAX))
-    return y.astype(np.float32).reshape(x.shape[:-1] + (w.shape[1],))
+    return y.astype(np.float32).reshape(x.shape[:-1] + (w.shape[0],))
 
 
 class Int8Linear:
-    """A linear layer y = x @ w + bias with LLM.int8() weights.
+    """A linear layer y = x · Wᵀ + bias with LLM.int8() weights, W stored (out_features, in_features) as
+    ``torch.nn.Linear`` stores it.
 
-    By default only the int8 weights and their float32 column scales are stored (4x fewer bytes than float32, as
-    bitsandbytes does at inference); the outlier rows are dequantized from int8 on each call.
-    ``keep_fp16_weights=True`` also keeps a float16 copy and uses its rows for the outliers — the paper's
-    formulation, more accurate on the outlier path, at 2 more bytes per weight.
+    By default only the int8 weights and their float32 per-output scales are stored (4x fewer bytes than
+    float32, as bitsandbytes does at inference); the outlier weights are dequantized from int8 on each call.
+    ``keep_fp16_weights=True`` also keeps a float16 copy and uses it for the outliers — the paper's formulation,
+    more accurate on the outlier path, at 2 more bytes per weight. A layer holds no per-call state: calls from
+    several threads at once are safe.
     """
 
     def __init__(self, weight: Int8Weight, bias=None, *, threshold=6.0):
         self.weight = weight
         self.bias = None if bias is None else np.asarray(bias, dtype=np.float32)
-        self.threshold = _check_threshold(threshold)
-        self.outlier_dims = np.zeros(0, dtype=np.int64)  # hidden dimensions routed to float16 in the last call
+        self.threshold = threshold
+
+    @property
+    def threshold(self) -> float:
+        """The outlier threshold (>= 0; 0 turns the decomposition off), checked whenever it is set."""
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value):
+        self._threshold = _check_threshold(value)
 
     @classmethod
     def from_float(cls, w, bias=None, *, threshold=6.0, keep_fp16_weights=False):
-        """Quantize a float weight (K, N) (and keep its float32 bias, (N,))."""
+        """Quantize a float weight w (N, K) = (out_features, in_features) (and keep its float32 bias, (N,))."""
         _check_float("w", w, "matrix")
         if bias is not None:
             _check_float("bias", bias)
-            if bias.shape != (w.shape[1],):
-                raise ValueError(f"bias must have shape ({w.shape[1]},) to match w's N; got {bias.shape}")
+            if bias.shape != (w.shape[0],):
+                raise ValueError(f"bias must have shape ({w.shape[0]},) to match w's N (out_features, first "
+                                 f"axis); got {bias.shape}")
         return cls(Int8Weight.from_float(w, keep_fp16_weights), bias, threshold=threshold)
 
     @property
     def in_features(self) -> int:
-        return self.weight.shape[0]
-
-    @property
-    def out_features(self) -> int:
         return self.weight.shape[1]
 
     @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
     def nbytes(self) -> int:
-        """Bytes stored: int8 weights, float32 column scales, the float16 copy if kept, and the bias."""
+        """Bytes stored: int8 weights, float32 per-output scales, the float16 copy if kept, and the bias."""
         return self.weight.nbytes + (self.bias.nbytes if self.bias is not None else 0)
 
-    def __call__(self, x):
-        _check_float("x", x, "vectors")
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x has K = {x.shape[-1]} (last axis) but the layer has in_features = "
-                             f"{self.in_features}")
-        x2d = np.ascontiguousarray(x.reshape(-1, self.in_features), dtype=np.float32)
-        y, self.outlier_dims = _split_matmul(x2d, self.weight, self.threshold)
+    def __call__(self, x, *, return_outliers=False):
+        """y = x · Wᵀ + bias for x (..., in_features): float32 (..., out_features); with ``return_outliers``
+        also the hidden dimensions this call routed through float16 (int64, ascending)."""
+        y, outliers = _int8_matmul_cpu(x, self.weight, self.threshold)
         if self.bias is not None:
             y += self.bias
-        return y.reshape(x.shape[:-1] + (self.out_features,))
+        return (y, outliers) if return_outliers else y

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy, _gpu
+from .._common import cuda_c as _cupy, gpu as _gpu
 
 SOURCE = Path(__file__).with_name("int8_matmul.cu")
 ROW_THREADS = 256  # threads per row of the quantizer (a power of two: tree reduction)
@@ -19,7 +19,7 @@ FLAT_THREADS = 256
 BM, BN, BK = 64, 64, 64  # outputs per block (M × N) and bytes of K per shared stage
 K_ALIGN = 16  # K is padded with zeros to a multiple of 16 (16-byte cp.async rows)
 NAMES = (f"ioaware::quantize_rows<{ROW_THREADS}>", f"ioaware::gemm_i8_mma<{BM}, {BN}, {BK}>",
-         "ioaware::outlier_columns", "ioaware::quantize_columns_t", "ioaware::gemm_i8_dp4a", "ioaware::outlier_gemm")
+         "ioaware::outlier_columns", "ioaware::gemm_i8_dp4a", "ioaware::outlier_gemm")
 
 
 def _kernel(name):
@@ -31,14 +31,16 @@ def padded(K: int) -> int:
 
 
 def quantize_weight(w):
-    """W (K, N) float32 CuPy -> (w_i8_t (N, K_padded) int8, absmax (N,) float32), column-wise absmax."""
+    """W (N, K) = (out, in) float32 CuPy -> (w_i8_t (N, K_padded) int8, absmax (N,) float32): one absmax per
+    output feature, by the row quantizer with no column skipped."""
     cupy = _cupy.require_cupy()
-    K, N = w.shape
+    N, K = w.shape
     w_i8_t = cupy.empty((N, padded(K)), dtype=cupy.int8)
     absmax = cupy.empty(N, dtype=cupy.float32)
     if N:
-        _kernel("ioaware::quantize_columns_t")((_gpu.blocks(N, FLAT_THREADS),), (FLAT_THREADS,),
-                                               (w, np.int32(K), np.int32(N), np.int32(padded(K)), w_i8_t, absmax))
+        _kernel(f"ioaware::quantize_rows<{ROW_THREADS}>")((N,), (ROW_THREADS,),
+                                                          (w, cupy.zeros(K, dtype=cupy.uint8), np.int32(K),
+                                                           np.int32(padded(K)), w_i8_t, absmax))
     return w_i8_t, absmax
 
 

@@ -2,9 +2,10 @@
 with exact int32 accumulation (Dettmers et al. 2022, "LLM.int8(): 8-bit Matrix Multiplication for Transformers
 at Scale").
 
-The weights are kept transposed, (N, K) int8, so that every output is a dot product of two contiguous int8 rows:
-the same loop serves the GEMM (rows of X against rows of Wᵀ, tiled so a block of Wᵀ stays in L2 while rows of X
-pass) and the decode GEMV (one row of X against the whole of Wᵀ, streamed once at memory bandwidth).
+The weights are (N, K) = (out, in) int8, as torch stores a Linear's weight, so that every output is a dot product
+of two contiguous int8 rows: the same loop serves the GEMM (rows of X against rows of W, tiled so a block of W
+stays in L2 while rows of X pass) and the decode GEMV (one row of X against the whole of W, streamed once at
+memory bandwidth).
 
 Versions (2-core AMD EPYC (Zen 4) development machine):
   v1 (this file): int8 · int8 widened to int32 and summed in int32 (LLVM vectorizes it), the dequantizing
@@ -24,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..attn._numba_cpu import _as_float, _as_int
+from .._common.numba_cpu import as_float, as_int
 
 QMAX = 127  # symmetric int8 range (LLM.int8() §3.1)
 # An int32 sum of K products, each at most 127², is exact while K <= floor((2^31 - 1) / 127²).
@@ -72,27 +73,6 @@ def _quantize_row(x, m, skip, x_i8, absmax):
     scale = np.float32(QMAX) / amax if amax > 0 else np.float32(0.0)
     for k in range(x.shape[1]):
         x_i8[m, k] = 0 if skip[k] else np.int8(np.rint(x[m, k] * scale))
-
-
-@njit(parallel=True, cache=True)
-def quantize_columns_transposed(w, w_i8_t, absmax):
-    """Column-wise absmax quantization of float32 w (K, N), written transposed: w_i8_t (N, K), absmax (N,)."""
-    K, N = w.shape
-    n_strips = (N + COL_BLOCK - 1) // COL_BLOCK
-    for strip in prange(n_strips):
-        n0 = strip * COL_BLOCK
-        n1 = min(n0 + COL_BLOCK, N)
-        for n in range(n0, n1):
-            absmax[n] = 0.0
-        for k in range(K):
-            for n in range(n0, n1):
-                a = abs(w[k, n])
-                if a > absmax[n]:
-                    absmax[n] = a
-        for n in range(n0, n1):
-            scale = np.float32(QMAX) / absmax[n] if absmax[n] > 0 else np.float32(0.0)
-            for k in range(K):
-                w_i8_t[n, k] = np.int8(np.rint(w[k, n] * scale))
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -162,9 +142,9 @@ def round_to_float16(v):
         return v * np.float32(np.inf)  # ±inf (and NaN stays NaN)
     if a < np.float32(FLOAT16_MIN_NORMAL):
         return np.rint(v * np.float32(2.0**24)) * np.float32(2.0**-24)
-    bits = np.int64(_as_int(v))  # (Numba widens int32 arithmetic to int64: do it explicitly, narrow at the end)
+    bits = np.int64(as_int(v))  # (Numba widens int32 arithmetic to int64: do it explicitly, narrow at the end)
     bits = (bits + 0x0FFF + ((bits >> 13) & 1)) & ~np.int64(0x1FFF)  # round, then clear the 13 dropped bits
-    return _as_float(np.int32(bits))
+    return as_float(np.int32(bits))
 
 
 @njit(parallel=True, cache=True)
@@ -176,7 +156,7 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
     2. vector-wise quantization of the rows over the regular dimensions (as ``quantize_rows``);
     3. per block of outputs: the exact int32 dot products, the dequantization (as ``dequantize``), and the
        float16 outlier product, x and the int8 weight rows rounded to float16 (the weight dequantized as
-       ``Int8Weight.outlier_rows_fp16`` does), added in the order ``add_outlier_product`` adds them.
+       ``Int8Weight.outlier_weights_fp16`` does), added in the order ``add_outlier_product`` adds them.
     Steps 1-2 are serial (M·K values); no fastmath, so that every rounding is the CPU tier's (an approximate
     reciprocal would change the int8 values), and LLVM vectorizes the int32 sum without it."""
     M, K = x.shape

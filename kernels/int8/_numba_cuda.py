@@ -1,6 +1,6 @@
 """LLM.int8() on the GPU in Numba-CUDA, the readable tier (Dettmers et al. 2022, §3.2, eq. 7).
 
-The split matmul X W, X (M, K) float32 and W (K, N), as five small kernels whose names say their step:
+The split matmul X Wᵀ, X (M, K) float32 and W (N, K) = (out, in), as five small kernels whose names say their step:
 
 1. ``outlier_columns``: one thread per hidden dimension k flags it when some |x[m, k]| >= threshold (neighbouring
    threads read neighbouring columns of a row: coalesced).
@@ -9,10 +9,10 @@ The split matmul X W, X (M, K) float32 and W (K, N), as five small kernels whose
    while the row is hot in L1/L2; flagged columns become 0, so the int8 GEMM needs no gather of W.
    (Detection cannot join this kernel: a column is an outlier if *any* row has a large value, which needs every
    row to be read first — a grid-wide barrier.)
-3. ``gemm_i8``: C = X_i8 · W_i8ᵀ with int32 accumulation over T × T shared-memory tiles (W kept transposed (N, K)
+3. ``gemm_i8``: C = X_i8 · W_i8ᵀ with int32 accumulation over T × T shared-memory tiles (W (N, K) = (out, in)
    like the CPU tier, so both tiles load along K).
 4. ``dequantize``: the epilogue y = C · absmax_x[m] · absmax_w[n] / 127², the CPU tier's float32 formula.
-5. ``outlier_gemm``: y += X[:, O] · W[O, :] for the outlier dimensions O in float16 values with float32 sums
+5. ``outlier_gemm``: y += X[:, O] · W[:, O]ᵀ for the outlier dimensions O in float16 values with float32 sums
    (the few columns are gathered into float16 arrays first by ``gather_outliers``).
 
 Integer results (the int8 operands and the int32 product) equal the CPU tier's bit for bit; quantization uses
@@ -26,12 +26,12 @@ import math
 import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
-from .. import _gpu
-from .._numba_cuda_device import block_max
+from .._common import gpu as _gpu
+from .._common.numba_cuda import block_max, cast
 from ._numba_cpu import QMAX
 
 # Under the simulator every thread is a Python thread: smaller blocks there (any power of two works).
-GEMM_TILE = 4 if _gpu.simulated() else 16  # T × T threads per GEMM block
+MATMUL_TILE = 4 if _gpu.simulated() else 16  # T × T threads per GEMM block
 ROW_THREADS = 8 if _gpu.simulated() else 256  # threads per row in quantize_rows (a power of two: tree reduction)
 FLAT_THREADS = 32 if _gpu.simulated() else 256  # threads per block of the one-thread-per-element kernels
 
@@ -73,25 +73,11 @@ def _kernels(T: int, THREADS: int):
             absmax[row] = amax
 
     @cuda.jit
-    def quantize_columns_transposed(w, w_i8_t, absmax):
-        """One thread per column n of w (K, N): its absmax, then w_i8_t[n, :] = round(w[:, n] · 127 / absmax)."""
-        n = cuda.grid(1)
-        if n >= w.shape[1]:
-            return
-        amax = f32(0.0)
-        for k in range(w.shape[0]):
-            amax = max(amax, abs(w[k, n]))
-        absmax[n] = amax
-        scale = f32(QMAX) / amax if amax > 0 else f32(0.0)
-        for k in range(w.shape[0]):
-            w_i8_t[n, k] = round(w[k, n] * scale)
-
-    @cuda.jit
-    def gemm_i8(x_i8, w_i8_t, c):
-        """c[m, n] = Σ_k x_i8[m, k] · w_i8_t[n, k] in int32. Grid (⌈N/T⌉, ⌈M/T⌉), T × T threads; T × T tiles of
+    def gemm_i8(x_i8, w_i8, c):
+        """c[m, n] = Σ_k x_i8[m, k] · w_i8[n, k] in int32. Grid (⌈N/T⌉, ⌈M/T⌉), T × T threads; T × T tiles of
         both operands in shared memory, stepping over K."""
         M, K = x_i8.shape
-        N = w_i8_t.shape[0]
+        N = w_i8.shape[0]
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         m = cuda.blockIdx.y * T + ty
@@ -102,7 +88,7 @@ def _kernels(T: int, THREADS: int):
         acc = np.int32(0)
         for k0 in range(0, K, T):
             x_s[ty, tx] = x_i8[m, k0 + tx] if m < M and k0 + tx < K else 0
-            w_s[ty, tx] = w_i8_t[n_load, k0 + tx] if n_load < N and k0 + tx < K else 0
+            w_s[ty, tx] = w_i8[n_load, k0 + tx] if n_load < N and k0 + tx < K else 0
             cuda.syncthreads()
             for kk in range(T):
                 acc += x_s[ty, kk] * w_s[tx, kk]
@@ -123,10 +109,10 @@ def _kernels(T: int, THREADS: int):
         y[m, n] = f32(c[m, n]) * (row_scale * absmax_w[n])
 
     @cuda.jit
-    def gather_outliers(x, w_i8_t, absmax_w, cols, x_out, w_out):
-        """x_out[m, j] = float16(x[m, cols[j]]); w_out[j, n] = float16(w_i8_t[n, cols[j]] · absmax_w[n] / 127)
-        (the outlier rows of W dequantized from int8, as ``Int8Weight.outlier_rows_fp16`` does without a kept
-        float16 copy). One thread per element of the larger of the two."""
+    def gather_outliers(x, w_i8, absmax_w, cols, x_out, w_out):
+        """x_out[m, j] = float16(x[m, cols[j]]); w_out[j, n] = float16(w_i8[n, cols[j]] · absmax_w[n] / 127)
+        (W's columns of the outlier dimensions dequantized from int8, as ``Int8Weight.outlier_weights_fp16`` does
+        without a kept float16 copy). One thread per element of the larger of the two."""
         i = cuda.grid(1)
         M, J = x_out.shape
         N = w_out.shape[1]
@@ -135,7 +121,7 @@ def _kernels(T: int, THREADS: int):
         if i < J * N:
             j = i // N
             n = i % N
-            w_out[j, n] = f32(w_i8_t[n, cols[j]]) * (absmax_w[n] / f32(QMAX))
+            w_out[j, n] = f32(w_i8[n, cols[j]]) * (absmax_w[n] / f32(QMAX))
 
     @cuda.jit
     def outlier_gemm(x_out, w_out, y):
@@ -158,39 +144,41 @@ def _kernels(T: int, THREADS: int):
         if i < x.size and not math.isfinite(x[i]):
             cuda.atomic.add(count, 0, 1)
 
-    return (outlier_columns, quantize_rows, quantize_columns_transposed, gemm_i8, dequantize, gather_outliers,
-            outlier_gemm, count_nonfinite)
+    return (outlier_columns, quantize_rows, gemm_i8, dequantize, gather_outliers, outlier_gemm, count_nonfinite)
 
 
 
 def quantize_weight(w):
-    """W (K, N) float32 on the device, quantized column-wise: (w_i8_t (N, K) int8, absmax (N,) float32)."""
-    K, N = w.shape
-    w_i8_t = cuda.device_array((N, K), dtype=np.int8)
+    """W (N, K) = (out, in) float32 on the device, one absmax per output feature (the row quantizer, no column
+    skipped): (w_i8 (N, K) int8, absmax (N,) float32)."""
+    N, K = w.shape
+    w_i8 = cuda.device_array((N, K), dtype=np.int8)
     absmax = cuda.device_array(N, dtype=np.float32)
+    _gpu.check_static_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
     if N:
-        _kernels(GEMM_TILE, ROW_THREADS)[2][_gpu.launch_1d(N, FLAT_THREADS)](w, w_i8_t, absmax)
-    return w_i8_t, absmax
+        _kernels(MATMUL_TILE, ROW_THREADS)[1][N, ROW_THREADS](w, cuda.to_device(np.zeros(K, dtype=np.bool_)), w_i8,
+                                                             absmax)
+    return w_i8, absmax
 
 
-def gemm(x_i8, w_i8_t):
-    """Exact int32 product of device int8 x (M, K) and the transposed weight (N, K)."""
-    T = GEMM_TILE
-    _gpu.check_shared_memory(2 * T * T * 4, f"int8 GEMM tiles {T}x{T} (int32 in shared memory)")
-    M, N = x_i8.shape[0], w_i8_t.shape[0]
+def gemm(x_i8, w_i8):
+    """Exact int32 product x_i8 · w_i8ᵀ of device int8 x (M, K) and the weight (N, K)."""
+    T = MATMUL_TILE
+    _gpu.check_static_shared_memory(2 * T * T * 4, f"int8 GEMM tiles {T}x{T} (int32 in shared memory)")
+    M, N = x_i8.shape[0], w_i8.shape[0]
     c = cuda.device_array((M, N), dtype=np.int32)
     if M and N:
-        _kernels(T, ROW_THREADS)[3][(math.ceil(N / T), math.ceil(M / T)), (T, T)](x_i8, w_i8_t, c)
+        _kernels(T, ROW_THREADS)[2][(math.ceil(N / T), math.ceil(M / T)), (T, T)](x_i8, w_i8, c)
     return c
 
 
-def split_matmul(x, w_i8_t, absmax_w, threshold):
+def split_matmul(x, w_i8, absmax_w, threshold):
     """The decomposition on the device: x (M, K) float32, the quantized weight; returns (y (M, N) float32,
     outlier column indices as a NumPy array)."""
-    (outlier_columns, quantize_rows, _, _, dequantize, gather_outliers,
-     outlier_gemm, _) = _kernels(GEMM_TILE, ROW_THREADS)
+    (outlier_columns, quantize_rows, _, dequantize, gather_outliers, outlier_gemm, _) = _kernels(MATMUL_TILE,
+                                                                                                ROW_THREADS)
     M, K = x.shape
-    N = w_i8_t.shape[0]
+    N = w_i8.shape[0]
     flags = cuda.device_array(K, dtype=np.bool_)
     if threshold > 0 and M:
         outlier_columns[_gpu.launch_1d(K, FLAT_THREADS)](x, np.float32(threshold), flags)
@@ -200,10 +188,10 @@ def split_matmul(x, w_i8_t, absmax_w, threshold):
         outliers = np.zeros(0, dtype=np.int64)
     x_i8 = cuda.device_array((M, K), dtype=np.int8)
     absmax_x = cuda.device_array(M, dtype=np.float32)
-    _gpu.check_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
+    _gpu.check_static_shared_memory(ROW_THREADS * 4, f"quantize_rows reduction over {ROW_THREADS} threads")
     if M:
         quantize_rows[M, ROW_THREADS](x, flags, x_i8, absmax_x)
-    c = gemm(x_i8, w_i8_t)
+    c = gemm(x_i8, w_i8)
     y = cuda.device_array((M, N), dtype=np.float32)
     if M * N:
         dequantize[_gpu.launch_1d(M * N, FLAT_THREADS)](c, absmax_x, absmax_w, y)
@@ -212,7 +200,7 @@ def split_matmul(x, w_i8_t, absmax_w, threshold):
         x_out = cuda.device_array((M, J), dtype=np.float16)
         w_out = cuda.device_array((J, N), dtype=np.float16)
         cols = cuda.to_device(outliers)
-        gather_outliers[_gpu.launch_1d(max(M * J, J * N), FLAT_THREADS)](x, w_i8_t, absmax_w, cols, x_out, w_out)
+        gather_outliers[_gpu.launch_1d(max(M * J, J * N), FLAT_THREADS)](x, w_i8, absmax_w, cols, x_out, w_out)
         outlier_gemm[_gpu.launch_1d(M * N, FLAT_THREADS)](x_out, w_out, y)
     return y, outliers
 
@@ -222,12 +210,10 @@ def all_finite(x) -> bool:
     if x.size == 0:
         return True
     count = cuda.to_device(np.zeros(1, dtype=np.int32))
-    _kernels(GEMM_TILE, ROW_THREADS)[7][_gpu.launch_1d(x.size, FLAT_THREADS)](x.reshape(x.size), count)
+    _kernels(MATMUL_TILE, ROW_THREADS)[6][_gpu.launch_1d(x.size, FLAT_THREADS)](x.reshape(x.size), count)
     return int(count.copy_to_host()[0]) == 0
 
 
 def cast_f32(x):
     """A contiguous float32 device copy of the device array x (x itself when it already is float32)."""
-    from ..attn._numba_cuda import cast
-
     return cast(x, np.float32)

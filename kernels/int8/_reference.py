@@ -27,37 +27,39 @@ def outlier_columns_reference(x2d, threshold):
 
 
 def int8_matmul_reference(x, w, *, threshold=6.0, keep_fp16_weights=False):
-    """LLM.int8() matmul, float64 wherever the algorithm does not prescribe lower precision.
+    """LLM.int8() matmul x · wᵀ for w (N, K) = (out, in), float64 wherever the algorithm does not prescribe lower
+    precision.
 
-    Regular columns: row-wise absmax of x (outlier columns excluded) and column-wise absmax of w, int8 products
-    summed exactly in int64, dequantized by absmax_x ⊗ absmax_w / 127². Outlier columns: x and the matching rows
-    of w (dequantized from int8, or the float16 copy with ``keep_fp16_weights``) rounded to float16, their product
-    summed in float64. Returns float64 of shape (..., N).
+    Regular columns: row-wise absmax of x (outlier columns excluded) and of w (one per output feature), int8
+    products summed exactly in int64, dequantized by absmax_x ⊗ absmax_w / 127². Outlier columns: x and the
+    matching columns of w (dequantized from int8, or the float16 copy with ``keep_fp16_weights``) rounded to
+    float16, their product summed in float64. Returns float64 of shape (..., N).
     """
     x = np.asarray(x)
     w = np.asarray(w, dtype=np.float32)
     x2d = x.reshape(-1, x.shape[-1]).astype(np.float32)
     out = outlier_columns_reference(x2d, threshold)
     regular = np.setdiff1d(np.arange(x2d.shape[1]), out)
-    w_i8, absmax_w = quantize_reference(w, axis=0)  # (K, N), (N,)
+    w_i8, absmax_w = quantize_reference(w, axis=1)  # (N, K), (N,)
     x_i8, absmax_x = quantize_reference(x2d[:, regular], axis=1)  # (M, K_reg), (M,)
-    c = x_i8.astype(np.int64) @ w_i8[regular].astype(np.int64)  # exact
+    c = x_i8.astype(np.int64) @ w_i8[:, regular].T.astype(np.int64)  # (M, N), exact
     y = c * (absmax_x.astype(np.float64)[:, None] * absmax_w.astype(np.float64)[None, :]) / QMAX**2
     if out.size:
         if keep_fp16_weights:
-            w_out = w[out].astype(np.float16)
+            w_out = w[:, out].T.astype(np.float16)  # (J, N)
         else:
-            w_out = (w_i8[out].astype(np.float32) * (absmax_w / np.float32(QMAX))).astype(np.float16)
+            w_out = (w_i8[:, out].T.astype(np.float32) * (absmax_w / np.float32(QMAX))).astype(np.float16)  # (J, N)
         y = y + x2d[:, out].astype(np.float16).astype(np.float64) @ w_out.astype(np.float64)
-    return y.reshape(x.shape[:-1] + (w.shape[1],))
+    return y.reshape(x.shape[:-1] + (w.shape[0],))
 
 
 def naive_absmax_reference(x, w):
-    """One absmax per tensor for x and for w (the baseline outliers break), int64 products, float64 result."""
+    """x · wᵀ (w (N, K)) with one absmax per tensor for x and for w (the baseline outliers break), int64
+    products, float64 result."""
     x = np.asarray(x)
     x2d = x.reshape(-1, x.shape[-1])
     x_i8, ax = quantize_reference(x2d.reshape(1, -1), axis=1)
     w_i8, aw = quantize_reference(np.asarray(w).reshape(1, -1), axis=1)
-    c = x_i8.reshape(x2d.shape).astype(np.int64) @ w_i8.reshape(np.shape(w)).astype(np.int64)
+    c = x_i8.reshape(x2d.shape).astype(np.int64) @ w_i8.reshape(np.shape(w)).T.astype(np.int64)  # (M, N)
     y = c * (float(ax[0]) * float(aw[0]) / QMAX**2)
-    return y.reshape(x.shape[:-1] + (np.shape(w)[1],))
+    return y.reshape(x.shape[:-1] + (np.shape(w)[0],))

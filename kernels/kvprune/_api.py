@@ -1,5 +1,5 @@
-"""KV-cache pruning from NumPy: SnapKV and its baselines (StreamingLLM, H2O, random), one call shape for all:
-``fn(q, k, v, *, capacity, ...) -> (k_c, v_c, kept)``."""
+"""KV-cache pruning's public functions: SnapKV and its baselines (StreamingLLM, H2O, uniform random), one call
+shape for all, ``fn(q, k, v, *, capacity, ..., backend) -> (k_c, v_c, kept)``, on NumPy or device arrays."""
 from __future__ import annotations
 
 import math
@@ -7,33 +7,44 @@ import numbers
 
 import numpy as np
 
-from ..attn._validate import COMPUTE_DTYPE  # the float dtypes every kernel accepts
-
-from .. import _gpu
-from .._blas import single_threaded_blas
+from .._common import gpu as _gpu
+from .._common.dispatch import choose_backend
+from .._common.dtypes import check_float_dtype
+from .._common.blas import single_threaded_blas
 from . import _numba_cpu
 
-BACKENDS = ("auto", "cpu", "numba-cuda", "cupy")
+
+def _gather_refuses(k):
+    """Why the CUDA C gather cannot move k and v, or None: it copies 2- or 4-byte elements."""
+    if np.dtype(k.dtype).itemsize not in (2, 4):
+        return f"float16 or float32 k and v (its gather moves 2- or 4-byte elements); got {np.dtype(k.dtype).name}"
+    return None
 
 
-def _backend(backend, x):
-    """The tier to run on: "auto" follows where the inputs are; device inputs with "cpu" are refused."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(map(repr, BACKENDS))}")
-    on_device = _gpu.is_device_array(x)
-    if backend == "auto":
-        if not on_device:
-            return "cpu"
-        return "cupy" if _gpu.cupy_module() is not None else "numba-cuda"
-    if backend == "cpu" and on_device:
-        raise TypeError("backend='cpu' takes NumPy arrays; got device arrays (use backend='auto' or 'numba-cuda', "
-                        "or copy them to the host)")
-    return backend
+def _gather_on_device(k, v, kept, backend):
+    """K and V rows at the host positions ``kept`` (B, H, C) (kv heads repeated when H is Hq) on the GPU tier
+    ``backend``, for the baselines, whose choice needs no scores: (k_c, v_c, kept), device arrays for device
+    inputs, NumPy for NumPy inputs (copied to the device and back, as every GPU backend does)."""
+    on_host = isinstance(k, np.ndarray)
+    if backend == "cupy":
+        from .._common import cuda_c as _cupy
+
+        cupy = _cupy.require_cupy()
+        group = kept.shape[1] // k.shape[1]
+        kk, vv = (cupy.repeat(_cupy.as_cupy(x), group, axis=1) for x in (k, v))  # (B, H, N, d)
+        index = cupy.asarray(kept)[..., None]  # (B, H, C, 1)
+        out = (cupy.take_along_axis(kk, index, axis=2), cupy.take_along_axis(vv, index, axis=2), index[..., 0])
+        return tuple(cupy.asnumpy(x) for x in out) if on_host else out
+    from . import _numba_cuda
+
+    kept_device = _gpu.to_numba(np.ascontiguousarray(kept))
+    k_c, v_c = _numba_cuda.gather_kept(*_device_inputs(on_host, np.dtype(k.dtype), k, v), kept_device)
+    return tuple(_gpu.like_input(x, on_host) for x in (k_c, v_c, kept_device))
 
 
 def _device_inputs(on_host, dtype, *arrays):
     """Numba device views (or copies, for NumPy input) of ``arrays`` in the compute dtype."""
-    from ..attn._numba_cuda import cast
+    from .._common.numba_cuda import cast
 
     return [cast(_gpu.to_numba(np.ascontiguousarray(x) if on_host else _gpu.contiguous(x)), dtype)
             for x in arrays]
@@ -56,8 +67,7 @@ def _check_inputs(q, k, v=None, *, device_ok=False):
         if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
             expected = "a numpy.ndarray or a device array" if device_ok else "a numpy.ndarray"
             raise TypeError(f"{name} must be {expected}; got {type(x).__name__}")
-        if np.dtype(x.dtype) not in COMPUTE_DTYPE:
-            raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+        check_float_dtype(name, x)
         if x.ndim != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, d); got shape {x.shape}")
     if v is not None and k.shape != v.shape:
@@ -106,7 +116,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     gqa : {"mean", "per-query-head"}
         "mean" averages the scores of a kv head's query heads: (B, Hkv, N − w). "per-query-head": (B, Hq, N − w).
 
-    backend : {"auto", "cpu", "numba-cuda"}
+    backend : {"auto", "cpu", "numba-cuda", "cupy"}
         As for ``snapkv_compress``.
 
     Returns
@@ -116,14 +126,14 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     """
     _check_inputs(q_window, k, device_ok=True)
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
-    backend = _backend(backend, q_window)
+    backend = choose_backend("snapkv_scores", backend, {"q_window": q_window, "k": k})
     B, Hq, w, d = q_window.shape
     Hkv, N = k.shape[1], k.shape[2]
     if w >= N:
         raise ValueError(f"the window ({w} queries) must be shorter than the prompt (N = {N})")
     dt = _compute_dtype(q_window)
     if backend == "cupy":
-        from .. import _cupy
+        from .._common import cuda_c as _cupy
         from . import _cupy as tier2
 
         scores = tier2.snapkv_scores(q_window, k, kernel_size, pooling, gqa)
@@ -199,8 +209,8 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
         ``"cpu"``: Numba on this machine, for NumPy inputs. ``"numba-cuda"``: the Numba-CUDA kernels
         (``kernels/kvprune/_numba_cuda.py``); ``"cupy"``: the CUDA C kernels (``kernels/kvprune/snapkv.cu``, a
         radix-select top-k). For both GPU backends NumPy inputs are copied to the device and the results back.
-        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU (CUDA C when CuPy is installed),
-        returning device arrays.
+        ``"auto"``: device inputs (CuPy, ``__cuda_array_interface__``) on the GPU (CUDA C when CuPy is installed
+        and k is float16 or float32, else Numba-CUDA), returning device arrays.
 
     Returns
     -------
@@ -219,7 +229,8 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     if capacity <= window:
         raise ValueError(f"capacity must exceed window ({window}); got capacity={capacity}")
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
-    backend = _backend(backend, q)
+    backend = choose_backend("snapkv_compress", backend, {"q": q, "k": k, "v": v},
+                             cupy_refuses=lambda: _gather_refuses(k))
     heads = k.shape[1] if gqa == "mean" else q.shape[1]
     N = k.shape[2]
     if backend == "numba-cuda":
@@ -255,14 +266,14 @@ def _snapkv_numba_cuda(q, k, v, capacity, window, kernel_size, pooling, gqa):
     if on_host:
         k_c, v_c = k_c.copy_to_host().astype(k.dtype, copy=False), v_c.copy_to_host().astype(k.dtype, copy=False)
         return k_c, v_c, kept.copy_to_host()
-    from ..attn._numba_cuda import cast
+    from .._common.numba_cuda import cast
 
     return (_gpu.like_input(cast(k_c, np.dtype(k.dtype)), False), _gpu.like_input(cast(v_c, np.dtype(k.dtype)), False),
             _gpu.like_input(kept, False))
 
 
 def _snapkv_cupy(q, k, v, capacity, window, kernel_size, pooling, gqa):
-    from .. import _cupy
+    from .._common import cuda_c as _cupy
     from . import _cupy as tier2
 
     cupy = _cupy.require_cupy()
@@ -282,26 +293,37 @@ def _snapkv_cupy(q, k, v, capacity, window, kernel_size, pooling, gqa):
     return k_c, v_c, kept
 
 
-def streaming_llm(q, k, v, *, capacity, n_sink=4):
-    """StreamingLLM (Xiao et al. 2024): the first ``n_sink`` tokens (attention sinks) plus the most recent."""
-    _check_inputs(q, k, v)
+def streaming_llm(q, k, v, *, capacity, n_sink=4, backend="auto"):
+    """StreamingLLM (Xiao et al. 2024): the first ``n_sink`` tokens (attention sinks) plus the most recent.
+    ``backend`` as for ``snapkv_compress``: the positions need no scores, so only the gather runs on a GPU tier."""
+    _check_inputs(q, k, v, device_ok=True)
     capacity = _check_int("capacity", capacity, 1)
     n_sink = _check_int("n_sink", n_sink, 0)
     if n_sink >= capacity:
         raise ValueError(f"n_sink must be below capacity ({capacity}); got n_sink={n_sink}")
+    backend = choose_backend("streaming_llm", backend, {"q": q, "k": k, "v": v},
+                             cupy_refuses=lambda: _gather_refuses(k))
     B, Hkv, N = k.shape[:3]
-    if N <= capacity:
-        return _unchanged(q, k, v, Hkv)
-    positions = np.concatenate([np.arange(n_sink), np.arange(N - (capacity - n_sink), N)])
-    kept = np.broadcast_to(positions, (B, Hkv, capacity)).copy()
-    k_c, v_c = _gather(k, v, kept, Hkv)
+    positions = np.concatenate([np.arange(n_sink), np.arange(N - (capacity - n_sink), N)]) if N > capacity \
+        else np.arange(N)
+    kept = np.broadcast_to(positions, (B, Hkv, positions.size)).copy()  # (B, Hkv, min(N, capacity))
+    return _kept_rows(k, v, kept, backend)
+
+
+def _kept_rows(k, v, kept, backend):
+    """(k_c, v_c, kept) for host positions ``kept``: gathered on the CPU, or on the GPU tier ``backend``."""
+    if backend != "cpu":
+        return _gather_on_device(k, v, kept, backend)
+    k_c, v_c = _gather(k, v, kept, kept.shape[1])
     return k_c, v_c, kept
 
 
-def h2o_scores(q, k, *, block=128):
+def h2o_scores(q, k, *, block=128, backend="auto"):
     """Attention each key received, summed over all prompt queries (causal), averaged over a kv head's query
-    heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N) per thread."""
-    _check_inputs(q, k)
+    heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N) per thread. The CPU tier
+    only: device arrays are refused with a message, not copied."""
+    _check_inputs(q, k, device_ok=True)
+    choose_backend("h2o_scores", backend, {"q": q, "k": k}, tiers=("cpu",))
     block = _check_int("block", block, 1)
     B, Hq, N, d = q.shape
     dt = _compute_dtype(q)
@@ -312,11 +334,12 @@ def h2o_scores(q, k, *, block=128):
     return totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2)
 
 
-def h2o(q, k, v, *, capacity, scores=None):
+def h2o(q, k, v, *, capacity, scores=None, backend="auto"):
     """H2O (Zhang et al. 2023): half the budget for the heavy hitters (most accumulated attention from all prompt
     queries), half for the most recent tokens. ``scores``: ``h2o_scores(q, k)`` computed beforehand, to try
-    several capacities on one prompt without scoring it again."""
-    _check_inputs(q, k, v)
+    several capacities on one prompt without scoring it again. The CPU tier only, as ``h2o_scores``."""
+    _check_inputs(q, k, v, device_ok=True)
+    choose_backend("h2o", backend, {"q": q, "k": k, "v": v}, tiers=("cpu",))
     capacity = _check_int("capacity", capacity, 2)
     B, Hkv, N = k.shape[:3]
     if scores is not None and (not isinstance(scores, np.ndarray) or scores.shape != (B, Hkv, N)):
@@ -335,14 +358,17 @@ def h2o(q, k, v, *, capacity, scores=None):
     return k_c, v_c, kept
 
 
-def random(q, k, v, *, capacity, seed=0):
-    """``capacity`` positions drawn uniformly without replacement per (batch, kv head), from ``seed``."""
-    _check_inputs(q, k, v)
+def uniform_random(q, k, v, *, capacity, seed=0, backend="auto"):
+    """``capacity`` positions drawn uniformly without replacement per (batch, kv head), from ``seed``; ``backend``
+    as for ``streaming_llm``."""
+    _check_inputs(q, k, v, device_ok=True)
     capacity = _check_int("capacity", capacity, 1)
+    backend = choose_backend("uniform_random", backend, {"q": q, "k": k, "v": v},
+                             cupy_refuses=lambda: _gather_refuses(k))
     B, Hkv, N = k.shape[:3]
     if N <= capacity:
-        return _unchanged(q, k, v, Hkv)
-    rng = np.random.default_rng(seed)
-    kept = np.sort(np.argsort(rng.random((B, Hkv, N)), axis=-1)[..., :capacity], axis=-1)
-    k_c, v_c = _gather(k, v, kept, Hkv)
-    return k_c, v_c, kept
+        kept = np.broadcast_to(np.arange(N), (B, Hkv, N)).copy()
+    else:
+        rng = np.random.default_rng(seed)
+        kept = np.sort(np.argsort(rng.random((B, Hkv, N)), axis=-1)[..., :capacity], axis=-1)  # (B, Hkv, capacity)
+    return _kept_rows(k, v, kept, backend)

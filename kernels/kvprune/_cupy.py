@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cupy, _gpu
+from .._common import cuda_c as _cupy, gpu as _gpu
 
 SOURCE = Path(__file__).with_name("snapkv.cu")
 THREADS = 256  # threads per block of the window votes and the top-k (powers of two: tree reductions and scans)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..attn._numba_cpu import exp_row
+from .._common.numba_cpu import exp_row
 
 
 @njit(parallel=True, cache=True)

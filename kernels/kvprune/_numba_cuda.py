@@ -24,8 +24,8 @@ import math
 import numpy as np
 from numba import cuda  # a module global, which Numba's simulator swaps for its own (this file is imported lazily)
 
-from .. import _gpu
-from .._numba_cuda_device import block_max, block_sum
+from .._common import gpu as _gpu
+from .._common.numba_cuda import block_max, block_sum
 
 ROW_THREADS = 8 if _gpu.simulated() else 128  # threads per window row (a power of two: tree reductions)
 FLAT_THREADS = 32 if _gpu.simulated() else 256
@@ -186,7 +186,7 @@ def snapkv_scores(qw, k, kernel_size, pooling, gqa):
     B, Hq, w, d = qw.shape
     Hkv, N = k.shape[1], k.shape[2]
     P = N - w
-    _gpu.check_shared_memory(ROW_THREADS * np.dtype(qw.dtype).itemsize, "SnapKV window-row reductions")
+    _gpu.check_static_shared_memory(ROW_THREADS * np.dtype(qw.dtype).itemsize, "SnapKV window-row reductions")
     scale = np.dtype(qw.dtype).type(1.0 / math.sqrt(d))
     row_max = cuda.device_array((B, Hq, w), dtype=qw.dtype)
     row_sum = cuda.device_array((B, Hq, w), dtype=qw.dtype)

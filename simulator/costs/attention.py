@@ -180,11 +180,6 @@ def flash2_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_b
     return Cost("flash2_bwd", kernels, _useful(B, Hq, Nq, Nk, d, causal, per_pair_flops=8))
 
 
-def kv_cache_bytes(n_layers, Hkv, d, tokens, *, elem_bytes=2, batch=1):
-    """Bytes of a KV cache: K and V, per layer, per kv head, per token: 2 · layers · Hkv · d · bytes · tokens."""
-    return 2 * np.asarray(n_layers) * Hkv * d * elem_bytes * np.asarray(tokens) * batch
-
-
 def decode(B, Hq, Hkv, n_cached, d, *, elem_bytes=2, capacity=None, sram_bytes=None, Bc=None) -> Cost:
     """One decode step of one layer: a single new query per sequence against a KV cache of ``n_cached`` tokens,
     pruned to ``capacity`` tokens when given (SnapKV, StreamingLLM, H2O keep that many). The kernel is the

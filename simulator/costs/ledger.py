@@ -48,7 +48,7 @@ class KernelTime:
 
 
 @dataclass(frozen=True)
-class Timing:
+class RooflineTime:
     """Roofline time: Σ over kernels of max(FLOPs / peak, bytes / bandwidth) + one launch overhead each."""
 
     seconds: object
@@ -106,7 +106,7 @@ class Cost:
         peaks = [np.asarray(k.sram_peak_bytes) for k in self.kernels]
         return np.maximum.reduce(peaks) if peaks else 0
 
-    def time(self, hw) -> Timing:
+    def time(self, hw) -> RooflineTime:
         """Roofline time on ``hw`` (a ``HardwareSpec``): per kernel max(FLOPs/peak, bytes/HBM bandwidth), plus one
         launch overhead per kernel (Williams, Waterman & Patterson, "Roofline", CACM 2009)."""
         parts = []
@@ -118,4 +118,4 @@ class Cost:
             bound = np.where(compute_s >= memory_s, "compute", "memory")
             parts.append(KernelTime(k.name, seconds, compute_s, memory_s, bound[()] if bound.ndim == 0 else bound))
             total = total + seconds
-        return Timing(total, tuple(parts))
+        return RooflineTime(total, tuple(parts))

@@ -1,5 +1,5 @@
-"""Hardware specs: datasheet presets (TOML beside this package), user TOML files, and this machine (``cpu``)."""
-from .cpu import calibrate, cpu_spec
+"""Hardware specs as data: datasheet presets (TOML beside this package) and user TOML files. This machine's spec
+is measured, not read: ``simulator.calibrate.cpu_spec()``."""
 from .spec import HardwareSpec, from_toml, load, preset_names, replace
 
-__all__ = ["HardwareSpec", "calibrate", "cpu_spec", "from_toml", "load", "preset_names", "replace"]
+__all__ = ["HardwareSpec", "from_toml", "load", "preset_names", "replace"]

@@ -146,12 +146,12 @@ def preset_names() -> list[str]:
 
 
 def load(name_or_path) -> HardwareSpec:
-    """A spec by preset name (case-insensitive), ``"cpu"`` (this machine, calibrated), or a path to a TOML file."""
+    """A spec by preset name (case-insensitive) or a path to a TOML file (``"cpu"``, this machine, is measured:
+    ``simulator.calibrate.cpu_spec()``)."""
     text = str(name_or_path)
     if text.lower() == "cpu":
-        from .cpu import cpu_spec
-
-        return cpu_spec()
+        raise ValueError("'cpu' is this machine, measured rather than read: simulator.calibrate.cpu_spec() "
+                         "calibrates it (and caches the result)")
     path = Path(text)
     if path.suffix == ".toml":
         if not path.is_file():
@@ -159,8 +159,9 @@ def load(name_or_path) -> HardwareSpec:
         return from_toml(path.read_text(), origin=str(path))
     by_lower = {name.lower(): name for name in preset_names()}
     if text.lower() not in by_lower:
-        known = ", ".join(preset_names() + ["cpu"])
-        raise ValueError(f"unknown hardware {text!r}; known: {known} (or a path to a .toml file)")
+        known = ", ".join(preset_names())
+        raise ValueError(f"unknown hardware {text!r}; known: {known} (or a path to a .toml file; 'cpu', this "
+                         f"machine, is measured by simulator.calibrate.cpu_spec())")
     preset = PRESET_DIR / f"{by_lower[text.lower()]}.toml"
     return from_toml(preset.read_text(), origin=str(preset))
 

@@ -132,7 +132,8 @@ def build_report(out_dir: Path, *, quick: bool = False, seed: int = 0, hardware=
     if out_dir.exists():
         raise FileExistsError(f"output directory {out_dir} already exists; choose another --out")
     if hardware is None or cpu is None:
-        from ..hardware import cpu_spec, load
+        from ..calibrate import cpu_spec
+        from ..hardware import load
 
         hardware = load("H100-SXM") if hardware is None else hardware
         cpu = cpu_spec() if cpu is None else cpu

@@ -18,11 +18,12 @@ N_OUTLIERS = 4
 
 
 def planted_inputs(rng, m, k, n):
-    """Activations with N_OUTLIERS hidden dimensions of magnitude 20-60 (the emergent features of LLM.int8() §4)."""
+    """Activations x (m, k) with N_OUTLIERS hidden dimensions of magnitude 20-60 (the emergent features of LLM.int8()
+    §4), and a weight w (n, k) = (out, in)."""
     x = rng.standard_normal((m, k)).astype(np.float32)
     cols = rng.choice(k, N_OUTLIERS, replace=False)
     x[:, cols] = (rng.uniform(20, 60, (m, N_OUTLIERS)) * rng.choice([-1, 1], (m, N_OUTLIERS))).astype(np.float32)
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # (out, in)
     return x, w
 
 
@@ -39,17 +40,17 @@ def int8_section(ctx: RunContext) -> Section:
     ctx.step("int8: error vs threshold")
     rng = np.random.default_rng(ctx.seed)
     x, w = planted_inputs(rng, 16, 4096, 256)
-    exact = x.astype(np.float64) @ w.astype(np.float64)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
     scale = float(np.abs(exact).mean())
     err_rows = []
     layer = Int8Linear.from_float(w)
     for t in THRESHOLDS:
         layer.threshold = t
-        y = layer(x)
-        err_rows.append({"threshold": t, "outlier_dims": int(layer.outlier_dims.size),
+        y, outlier_dims = layer(x, return_outliers=True)
+        err_rows.append({"threshold": t, "outlier_dims": int(outlier_dims.size),
                          "mean_rel_error": f"{np.abs(y - exact).mean() / scale:.4g}"})
     naive = float(np.abs(naive_absmax_matmul(x, w) - exact).mean() / scale)
-    fp16 = float(np.abs(x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64)
+    fp16 = float(np.abs(x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
                         - exact).mean() / scale)
     for row in err_rows:
         row.update(naive_mean_rel_error=f"{naive:.4g}", fp16_mean_rel_error=f"{fp16:.4g}")
@@ -61,10 +62,11 @@ def int8_section(ctx: RunContext) -> Section:
         x1, w1 = planted_inputs(rng, 1, k, k)
         int8_layer = Int8Linear.from_float(w1)
         t_int8 = time_call(lambda layer=int8_layer, x=x1: layer(x), repeats=15, warmup=3).median_s
-        t_fp32 = time_call(lambda x=x1, w=w1: x @ w, repeats=15, warmup=3).median_s
+        t_fp32 = time_call(lambda x=x1, w=w1: x @ w.T, repeats=15, warmup=3).median_s
         dense = costs.dense(1, k, k, elem_bytes=4, flop_kind="fp32").time(ctx.cpu).seconds
         split = costs.int8_split(1, k, k, N_OUTLIERS, elem_bytes=4).time(ctx.cpu).seconds
-        gemv_rows.append({"k": k, "n": k, "int8_s": f"{t_int8:.6g}", "fp32_s": f"{t_fp32:.6g}",
+        gemv_rows.append({"in_features": k, "out_features": k, "int8_measured_s": f"{t_int8:.6g}",
+                          "fp32_measured_s": f"{t_fp32:.6g}",
                           "measured_speedup": f"{t_fp32 / t_int8:.4g}",
                           "predicted_speedup": f"{float(dense) / float(split):.4g}",
                           "fp32_weight_bytes": 4 * k * k, "int8_weight_bytes": int8_layer.weight.nbytes})
@@ -93,7 +95,7 @@ def int8_section(ctx: RunContext) -> Section:
         f"outliers' magnitude nothing is routed and the error is plain int8's again.\n\n"
         f"![error vs threshold](int8_error.png)\n\n"
         f"**Decode GEMV on this machine** (one token, K = N, {N_OUTLIERS} outlier dimensions): int8 moves 4× "
-        f"fewer weight bytes. At {big['k']} × {big['n']} the measured speedup over NumPy's float32 GEMV is "
+        f"fewer weight bytes. At {big['out_features']} × {big['in_features']} the measured speedup over NumPy's float32 GEMV is "
         f"{float(big['measured_speedup']):.2f}× against {float(big['predicted_speedup']):.2f}× predicted by the "
         f"roofline on the calibrated spec. Small weights fit in the last-level cache (dotted line), where "
         f"float32 is not DRAM-bound, and the int8 path's fixed cost (outlier scan, quantization, five kernel "
@@ -143,7 +145,7 @@ def plot_int8(directory, llc_bytes) -> None:
     rows = read_csv(directory / "int8_gemv.csv")
     fig, axes = figure(width=7.0, height=4.4)
     ax = axes[0][0]
-    k = [int(r["k"]) for r in rows]
+    k = [int(r["in_features"]) for r in rows]
     ax.plot(k, [float(r["measured_speedup"]) for r in rows], "-o", color="tab:blue", label="measured")
     ax.plot(k, [float(r["predicted_speedup"]) for r in rows], "--", color="tab:blue", label="predicted (roofline)")
     ax.axhline(1.0, color="black", linewidth=0.8, label="float32 (baseline)")

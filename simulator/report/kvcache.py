@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import cache_sizes
+from kernels.cpuinfo import cache_sizes
 from kernels.kvprune import snapkv_compress
 from models import get_config, kv_cache_bytes
 
@@ -33,7 +33,7 @@ def kvcache_section(ctx: RunContext) -> Section:
     for name in MODELS:
         cfg = get_config(name)
         for n in CONTEXTS:
-            mem_rows.append({"model": name, "context": n, "full_bytes": kv_cache_bytes(cfg, n),
+            mem_rows.append({"model": name, "n": n, "full_bytes": kv_cache_bytes(cfg, n),
                              **{f"capacity_{c}_bytes": kv_cache_bytes(cfg, min(n, c)) for c in BUDGETS}})
     write_csv(ctx.directory / "kv_cache_memory.csv", mem_rows)
 
@@ -66,7 +66,7 @@ def kvcache_section(ctx: RunContext) -> Section:
     write_csv(ctx.directory / "kv_decode.csv", rows)
     plot_kvcache(ctx.directory)
 
-    by = {(r["model"], r["context"]): r for r in mem_rows}
+    by = {(r["model"], r["n"]): r for r in mem_rows}
     l70 = by[("llama-3.1-70b", 131072)]
     l2 = by[("llama-2-7b", 32768)]
     timing = {(int(r["n"]), r["cache"]): r for r in rows}
@@ -100,7 +100,7 @@ def plot_kvcache(directory) -> None:
     colors = dict(zip(MODELS, ("tab:green", "tab:orange", "tab:blue", "tab:red")))
     for name in MODELS:
         sel = [r for r in rows if r["model"] == name]
-        n = [int(r["context"]) for r in sel]
+        n = [int(r["n"]) for r in sel]
         ax.plot(n, [int(r["full_bytes"]) / 1e9 for r in sel], "-o", color=colors[name], label=f"{name} full")
         for c, style in zip(BUDGETS, ("--", ":")):
             ax.plot(n, [int(r[f"capacity_{c}_bytes"]) / 1e9 for r in sel], style, color=colors[name])

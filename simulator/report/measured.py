@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 import kernels
-from kernels._cpuinfo import cache_sizes, cpu_model
+from kernels.cpuinfo import cache_sizes, cpu_model
 from kernels.attn import default_blocks
 
 from .. import costs
@@ -88,7 +88,7 @@ def attention_cpu_section(ctx: RunContext) -> Section:
                 predicted_s, predicted_bytes, bound = _predict(ctx.cpu, algorithm, n, causal)
                 rows.append({
                     "algorithm": algorithm, "causal": causal, "n": n, "heads": ATTN_HEADS, "d": ATTN_D,
-                    "dtype": "float32", "median_s": f"{timing.median_s:.6g}", "min_s": f"{timing.min_s:.6g}",
+                    "dtype": "float32", "measured_s": f"{timing.median_s:.6g}", "measured_min_s": f"{timing.min_s:.6g}",
                     "gflops_per_s": f"{attention_flops(n, ATTN_D, ATTN_HEADS, causal) / timing.median_s / 1e9:.4g}",
                     "peak_traced_bytes": memory.traced_bytes, "peak_rss_growth_bytes": memory.rss_bytes,
                     "predicted_s": f"{predicted_s:.6g}", "predicted_hbm_bytes": predicted_bytes,
@@ -119,18 +119,18 @@ def _attention_markdown(rows: list[dict], llc: int) -> str:
         if algorithm != "standard":
             continue
         fl = by_key[("flash", causal, n)]
-        measured = float(std["median_s"]) / float(fl["median_s"])
+        measured = float(std["measured_s"]) / float(fl["measured_s"])
         predicted = float(std["predicted_s"]) / float(fl["predicted_s"])
         gaps.append((n, causal, measured, predicted))
-        lines.append(f"| {n} | {causal} | {float(std['median_s']):.4f} | {float(fl['median_s']):.4f} | "
+        lines.append(f"| {n} | {causal} | {float(std['measured_s']):.4f} | {float(fl['measured_s']):.4f} | "
                      f"{measured:.2f}× | {predicted:.2f}× | {int(std['peak_traced_bytes']) / 2**20:.1f} | "
                      f"{int(fl['peak_traced_bytes']) / 2**20:.1f} |")
     n_fit = n_where_scores_fit(llc)
     largest = max(gaps, key=lambda g: (g[0], g[1]))
     n_big = largest[0]
     std_big, fl_big = by_key[("standard", False, n_big)], by_key[("flash", False, n_big)]
-    std_ratio = float(std_big["median_s"]) / float(std_big["predicted_s"])
-    fl_ratio = float(fl_big["median_s"]) / float(fl_big["predicted_s"])
+    std_ratio = float(std_big["measured_s"]) / float(std_big["predicted_s"])
+    fl_ratio = float(fl_big["measured_s"]) / float(fl_big["predicted_s"])
     direction = "understates" if largest[2] > largest[3] else "overstates"
     lines += ["", "![measured and predicted attention time on this CPU](attention_cpu.png)", "",
               f"The left chart puts the measured time (solid) beside the roofline prediction (dashed). At N = "
@@ -155,7 +155,7 @@ def plot_attention_cpu(csv_path, png_path, llc_bytes: int) -> None:
     for algorithm in ("standard", "flash"):
         sel = [r for r in rows if r["algorithm"] == algorithm and r["causal"] == "False"]
         n = [int(r["n"]) for r in sel]
-        ax_t.plot(n, [float(r["median_s"]) for r in sel], "-o", color=colors[algorithm], label=f"{algorithm} measured")
+        ax_t.plot(n, [float(r["measured_s"]) for r in sel], "-o", color=colors[algorithm], label=f"{algorithm} measured")
         ax_t.plot(n, [float(r["predicted_s"]) for r in sel], "--", color=colors[algorithm],
                   label=f"{algorithm} predicted")
         for causal, style in (("False", "-o"), ("True", "--s")):
@@ -167,7 +167,7 @@ def plot_attention_cpu(csv_path, png_path, llc_bytes: int) -> None:
         fl = {r["n"]: r for r in rows if r["algorithm"] == "flash" and r["causal"] == causal}
         n = sorted(std, key=int)
         label = "causal" if causal == "True" else "no mask"
-        ax_s.plot([int(x) for x in n], [float(std[x]["median_s"]) / float(fl[x]["median_s"]) for x in n], style,
+        ax_s.plot([int(x) for x in n], [float(std[x]["measured_s"]) / float(fl[x]["measured_s"]) for x in n], style,
                   color="tab:green" if causal == "False" else "tab:purple", label=f"measured, {label}")
         ax_s.plot([int(x) for x in n], [float(std[x]["predicted_s"]) / float(fl[x]["predicted_s"]) for x in n],
                   "--", color="tab:green" if causal == "False" else "tab:purple", label=f"predicted, {label}")

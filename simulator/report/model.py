@@ -24,8 +24,9 @@ def _variants(quick):
 @planned(lambda quick: len(_variants(quick)) + (0 if quick else 1))  # one per variant, then the int8 LM head
 def model_section(ctx: RunContext) -> Section:
     try:
-        from models.smollm2 import SmolLM2, evaluation_text, fetch_gguf
+        from models.smollm2 import SmolLM2, evaluation_text, fetch_gguf, require_model_extra
 
+        require_model_extra()  # before the 98 MB download, which would be wasted without gguf and tokenizers
         path = fetch_gguf()
     except ImportError:
         return _unavailable("the model extra is not installed (`pip install -e .[model]`)")

@@ -33,8 +33,9 @@ def _planned_prompts(quick):
 def passkey_section(ctx: RunContext) -> Section:
     try:
         from models import passkey
-        from models.smollm2 import SmolLM2, fetch_gguf
+        from models.smollm2 import SmolLM2, fetch_gguf, require_model_extra
 
+        require_model_extra()  # before the download, as the SmolLM2 section
         path = fetch_gguf()
     except ImportError:
         return Section(TITLE, "Skipped: the model extra is not installed (`pip install -e .[model]`).\n")
@@ -68,7 +69,7 @@ def plot_accuracy(directory, contexts) -> None:
     rows = read_csv(directory / "passkey.csv")
     fig, axes = figure(ncols=len(contexts), width=4.2, height=3.6)
     for ax, n in zip(axes[0], contexts):
-        here = [r for r in rows if int(r["context"]) == n]
+        here = [r for r in rows if int(r["n"]) == n]
         full = [int(r["correct"]) for r in here if r["policy"] == "full"]
         ax.axhline(sum(full) / len(full), color="black", linestyle="--", label="full cache")
         for policy, label in POLICY_LABELS.items():

@@ -2,7 +2,7 @@
 refuses to overflow; it counts the bytes per tensor and computes the real output."""
 from .attention import SimResult, decode, flash1_forward, flash2_forward, standard_forward
 from .machine import Event, Machine, SramOverflowError
-from .matmul import Int8Weights, int8_split, quantize_weights
+from .matmul import Int8Weight, int8_split, quantize_weight
 
-__all__ = ["Event", "Int8Weights", "Machine", "SimResult", "SramOverflowError", "decode", "flash1_forward",
-           "flash2_forward", "int8_split", "quantize_weights", "standard_forward"]
+__all__ = ["Event", "Int8Weight", "Machine", "SimResult", "SramOverflowError", "decode", "flash1_forward",
+           "flash2_forward", "int8_split", "quantize_weight", "standard_forward"]

@@ -39,7 +39,7 @@ class Machine:
     reads: dict = field(default_factory=dict)
     writes: dict = field(default_factory=dict)
     flops: int = 0
-    sram_peak: int = 0
+    sram_peak_bytes: int = 0
     timeline: list = field(default_factory=list)
     _slots: dict = field(default_factory=dict)
     _kernel: str = ""
@@ -59,7 +59,7 @@ class Machine:
         if used > self.sram_bytes:
             raise SramOverflowError(f"kernel {self._kernel!r}: {slot} brings the SRAM in use to {used} bytes, "
                                     f"over the {self.sram_bytes} available")
-        self.sram_peak = max(self.sram_peak, used)
+        self.sram_peak_bytes = max(self.sram_peak_bytes, used)
 
     def _event(self, op, name, nbytes=0, flops=0):
         if self.record_timeline:

@@ -14,19 +14,20 @@ GEMM_TILE = (128, 128, 32)  # Bm × Bn output tile, Bk-deep panels (as simulator
 
 
 @dataclass
-class Int8Weights:
-    """W (k × n) quantized column-wise (one absmax scale per output column), once, offline."""
+class Int8Weight:
+    """W (n, k) = (out, in), as ``kernels.int8.Int8Weight``, quantized once, offline, with one absmax per output
+    feature (a row of W)."""
 
-    w_i8: np.ndarray  # (k, n) int8
-    scale_w: np.ndarray  # (n,) absmax of each column
+    w_i8: np.ndarray  # (n, k) int8
+    absmax: np.ndarray  # (n,) absmax of each output feature (the tensor the ledger calls scale_w)
 
 
-def quantize_weights(w) -> Int8Weights:
-    """Column-wise absmax int8: w_i8 = round(127 · w / absmax_col), ties to even (LLM.int8() §3.1)."""
+def quantize_weight(w) -> Int8Weight:
+    """Row-wise absmax int8 of w (n, k): w_i8 = round(127 · w / absmax_row), ties to even (LLM.int8() §3.1)."""
     w = np.asarray(w, dtype=np.float64)
-    absmax = np.abs(w).max(axis=0)
+    absmax = np.abs(w).max(axis=1)
     safe = np.where(absmax > 0, absmax, 1.0)
-    return Int8Weights(np.rint(127.0 * w / safe).astype(np.int8), absmax)
+    return Int8Weight(np.rint(127.0 * w / safe[:, None]).astype(np.int8), absmax)
 
 
 @dataclass
@@ -36,12 +37,12 @@ class SplitResult:
     machine: Machine
 
 
-def int8_split(x, weights: Int8Weights, *, threshold=6.0, sram_bytes, elem_bytes=2, out_bytes=None,
+def int8_split(x, weights: Int8Weight, *, threshold=6.0, sram_bytes, elem_bytes=2, out_bytes=None,
                tile=GEMM_TILE) -> SplitResult:
-    """Y = X·W with outlier columns (any |x| >= threshold) in fp16 and the rest in int8; the counted schedule."""
+    """Y = X·Wᵀ with outlier columns (any |x| >= threshold) in fp16 and the rest in int8; the counted schedule."""
     x = np.asarray(x, dtype=np.float64)
     m, k = x.shape
-    n = weights.w_i8.shape[1]
+    n = weights.w_i8.shape[0]
     out_bytes = elem_bytes if out_bytes is None else out_bytes
     e = elem_bytes
     mach = Machine(sram_bytes)
@@ -72,7 +73,7 @@ def int8_split(x, weights: Int8Weights, *, threshold=6.0, sram_bytes, elem_bytes
         mach.store("X_o", x_o[r], row[cols], e)
 
     bm_t, bn_t, bk_t = tile
-    w_regular, w_outlier = weights.w_i8[regular], weights.w_i8[outliers]  # (k_in, n), (n_out, n) int8 rows
+    w_regular, w_outlier = weights.w_i8[:, regular].T, weights.w_i8[:, outliers].T  # (k_in, n), (n_out, n) int8
 
     mach.kernel("int8_gemm")
     k_in = regular.size
@@ -90,7 +91,7 @@ def int8_split(x, weights: Int8Weights, *, threshold=6.0, sram_bytes, elem_bytes
                 c += a @ bt
                 mach.compute("int8 mma", 2 * (i1 - i0) * (j1 - j0) * (p1 - p0))
             sx = mach.load("scale_x", scale_x[i0:i1], STAT_BYTES, slot="sx")
-            sw = mach.load("scale_w", weights.scale_w[j0:j1], STAT_BYTES, slot="sw")
+            sw = mach.load("scale_w", weights.absmax[j0:j1], STAT_BYTES, slot="sw")
             mach.store("Y", y[i0:i1, j0:j1], c * np.outer(sx, sw) / 127.0**2, out_bytes)
 
     if n_out:
@@ -101,7 +102,7 @@ def int8_split(x, weights: Int8Weights, *, threshold=6.0, sram_bytes, elem_bytes
             for j0 in range(0, n, min(bn_t, n)):
                 j1 = min(j0 + min(bn_t, n), n)
                 mach.alloc("C_ij", STAT_BYTES * (i1 - i0) * (j1 - j0))
-                sw = mach.load("scale_w", weights.scale_w[j0:j1], STAT_BYTES, slot="sw")
+                sw = mach.load("scale_w", weights.absmax[j0:j1], STAT_BYTES, slot="sw")
                 acc = np.zeros((i1 - i0, j1 - j0))
                 for p0 in range(0, n_out, bk):
                     p1 = min(p0 + bk, n_out)

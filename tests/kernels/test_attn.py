@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels.attn import _memory, reference
-from tests.conftest import TOLERANCES, assert_close
+from kernels._common import memory as _memory
+from kernels.attn import reference
+from tests.helpers import TOLERANCES, assert_close, plain_attention
 
 ALGORITHMS = ("flash", "standard")
 
@@ -63,22 +64,6 @@ def _inputs(rng, case):
     k = rng.standard_normal((case.B, case.Hkv, case.Nk, case.d)).astype(case.dtype)
     v = rng.standard_normal((case.B, case.Hkv, case.Nk, case.d)).astype(case.dtype)
     return q, k, v
-
-
-def plain_attention(q, k, v, causal):
-    """Attention done plainly in the inputs' own precision (for flash-attn's low-precision rule)."""
-    dt = q.dtype
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = (q @ k.swapaxes(-1, -2)) * dt.type(1 / np.sqrt(q.shape[-1]))  # (B, Hq, Nq, Nk)
-    nq, nk = s.shape[-2:]
-    if causal:
-        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq, s, dt.type(-np.inf))
-    m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isneginf(m), dt.type(0), m)
-    p = np.exp(s - m)
-    l = p.sum(axis=-1, keepdims=True)
-    return (p / np.where(l == 0, dt.type(1), l)) @ v
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -247,7 +232,8 @@ def test_vectorized_exp_of_the_flash_kernel(rng, dtype, max_rel_err):
     # arguments <= 0 against the row max, and up to log(RESCALE_LIMIT) above a stale maximum
     from numba import njit
 
-    from kernels.attn._numba_cpu import EXP_MIN_F32, RESCALE_LIMIT, exp_row
+    from kernels._common.numba_cpu import EXP_MIN_F32, exp_row
+    from kernels.attn._numba_cpu import RESCALE_LIMIT
 
     @njit
     def run(s, p, m, c):

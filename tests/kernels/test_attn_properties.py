@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import kernels
 from kernels.attn import reference
-from tests.conftest import assert_close
+from tests.helpers import assert_close
 
 
 @st.composite

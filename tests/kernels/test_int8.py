@@ -9,15 +9,7 @@ from hypothesis import strategies as st
 from kernels import int8
 from kernels.int8 import (Int8Linear, Int8Weight, int8_gemm, int8_matmul, int8_matmul_reference,
                           naive_absmax_matmul, quantize_reference, quantize_vectorwise)
-
-
-def planted(rng, m, k, n, n_outliers, magnitude=(20, 60)):
-    """x with ``n_outliers`` hidden dimensions of large magnitude (the emergent features LLM.int8() targets)."""
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    cols = rng.choice(k, n_outliers, replace=False)
-    x[:, cols] = rng.uniform(*magnitude, (m, n_outliers)).astype(np.float32) * rng.choice([-1, 1], (m, n_outliers))
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    return x, w, np.sort(cols)
+from tests.helpers import BAD_INT8_CALLS, assert_close, planted_int8
 
 
 @pytest.mark.parametrize("shape, axis", [((1, 1), -1), ((7, 300), -1), ((7, 300), 0), ((5, 3, 33), 1),
@@ -42,15 +34,15 @@ def test_quantize_rounds_half_to_even_and_keeps_zero_vectors():
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 8192, 3), (3, 1000, 257), (64, 129, 130), (33, 4096, 1)])
 def test_int8_gemm_is_exact(rng, m, k, n):
     a = rng.integers(-127, 128, (m, k), dtype=np.int8)
-    b_t = rng.integers(-127, 128, (n, k), dtype=np.int8)
-    assert np.array_equal(int8_gemm(a, b_t), a.astype(np.int64) @ b_t.T.astype(np.int64))
+    b = rng.integers(-127, 128, (n, k), dtype=np.int8)  # (out, in)
+    assert np.array_equal(int8_gemm(a, b), a.astype(np.int64) @ b.T.astype(np.int64))
 
 
 def test_int8_gemm_at_the_extremes_is_exact():
     k = int8.MAX_EXACT_K
     a = np.full((1, k), -127, dtype=np.int8)
-    b_t = np.full((2, k), -127, dtype=np.int8)
-    assert int8_gemm(a, b_t)[0, 0] == 127 * 127 * k
+    b = np.full((2, k), -127, dtype=np.int8)
+    assert int8_gemm(a, b)[0, 0] == 127 * 127 * k
     with pytest.raises(ValueError, match="overflow an int32"):
         int8_gemm(np.zeros((1, k + 1), np.int8), np.zeros((1, k + 1), np.int8))
 
@@ -61,15 +53,15 @@ CASES = [(1, 64, 32, 0), (1, 4096, 96, 3), (17, 300, 130, 1), (64, 257, 64, 7), 
 @pytest.mark.parametrize("keep_fp16", [False, True])
 @pytest.mark.parametrize("m, k, n, n_out", CASES)
 def test_split_matmul_equals_the_oracle(rng, m, k, n, n_out, keep_fp16):
-    x, w, _ = planted(rng, m, k, n, n_out)
+    x, w, _ = planted_int8(rng, m, k, n, n_out)
     layer = Int8Linear.from_float(w, keep_fp16_weights=keep_fp16)
-    y = layer(x)
+    y, dims = layer(x, return_outliers=True)
     ref = int8_matmul_reference(x, w, keep_fp16_weights=keep_fp16)
     # the integer part is exact on both sides; what differs is float32 vs float64 in the dequantization and sums
-    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert_close(y, ref, np.float32, scale=np.abs(ref).max())
     assert y.dtype == np.float32 and y.shape == (m, n)
     if n_out == 0:  # no activation reaches 6 here: the empty outlier set, a pure int8 product
-        assert layer.outlier_dims.size == 0 and np.abs(x).max() < 6
+        assert dims.size == 0 and np.abs(x).max() < 6
 
 
 def test_round_to_float16_equals_numpys_conversion(rng):
@@ -103,31 +95,30 @@ def test_round_to_float16_equals_numpys_conversion(rng):
 def test_the_one_launch_decode_path_equals_the_five_kernel_path(rng, monkeypatch, m, n_out, keep_fp16):
     from kernels.int8 import _api
 
-    x, w, _ = planted(rng, m, 300, 130, n_out)
+    x, w, _ = planted_int8(rng, m, 300, 130, n_out)
     layer = Int8Linear.from_float(w, keep_fp16_weights=keep_fp16)
-    small = layer(x)  # M <= SMALL_M: one Numba launch
-    small_dims = layer.outlier_dims
+    small, small_dims = layer(x, return_outliers=True)  # M <= SMALL_M: one Numba launch
     monkeypatch.setattr(_api, "SMALL_M", 0)  # every M through the five kernels
-    large = layer(x)
-    assert np.array_equal(small_dims, layer.outlier_dims)
+    large, large_dims = layer(x, return_outliers=True)
+    assert np.array_equal(small_dims, large_dims)
     np.testing.assert_allclose(small, large, rtol=1e-6, atol=1e-6 * np.abs(large).max())
 
 
 def test_every_column_an_outlier_runs_only_the_float16_path(rng):
-    x, w, _ = planted(rng, 4, 40, 16, 40)
+    x, w, _ = planted_int8(rng, 4, 40, 16, 40)
     layer = Int8Linear.from_float(w, keep_fp16_weights=True)
-    y = layer(x)
-    assert layer.outlier_dims.tolist() == list(range(40))
-    fp16 = x.astype(np.float16).astype(np.float32) @ w.astype(np.float16).astype(np.float32)
-    np.testing.assert_allclose(y, fp16, rtol=1e-6, atol=1e-6)
+    y, dims = layer(x, return_outliers=True)
+    assert dims.tolist() == list(range(40))
+    fp16 = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T  # exact sums
+    assert_close(y, fp16, np.float32, scale=np.abs(fp16).max())  # float32 sums of 40 terms
 
 
 def test_threshold_zero_is_plain_vectorwise_int8(rng):
-    x, w, _ = planted(rng, 8, 128, 64, 3)
-    x_i8, ax = quantize_vectorwise(x, axis=-1)
-    w_i8, aw = quantize_vectorwise(w, axis=0)
-    plain = (x_i8.astype(np.int64) @ w_i8.astype(np.int64)) * np.outer(ax, aw) / 127**2
-    np.testing.assert_allclose(int8_matmul(x, w, threshold=0), plain, rtol=1e-5, atol=1e-6)
+    x, w, _ = planted_int8(rng, 8, 128, 64, 3)
+    x_i8, ax = quantize_reference(x, axis=1)  # the oracle's quantizer, one scale per token
+    w_i8, aw = quantize_reference(w, axis=1)  # and one per output feature
+    plain = (x_i8.astype(np.int64) @ w_i8.T.astype(np.int64)) * np.outer(ax, aw) / 127**2
+    assert_close(int8_matmul(x, w, threshold=0), plain, np.float32, scale=np.abs(plain).max())
 
 
 @pytest.mark.parametrize("n_out", [1, 3, 7])
@@ -136,15 +127,16 @@ def test_decomposition_beats_the_baselines(rng, n_out):
     # keeps them. Errors are means of |y − x·w| against float64. K = 4096, a 7B model's hidden size: the default
     # path multiplies the outliers (20-60) by int8-rounded weight rows, whose error shrinks as 1/sqrt(K) with
     # w ~ N(0, 1/K), so the margin over the naive baseline grows with K (at K = 1024 and 7 outliers it is ~4.5x).
-    x, w, cols = planted(rng, 16, 4096, 256, n_out)
-    exact = x.astype(np.float64) @ w.astype(np.float64)
+    x, w, cols = planted_int8(rng, 16, 4096, 256, n_out)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
 
     def err(y):
         return float(np.abs(y - exact).mean())
 
     layer = Int8Linear.from_float(w)
-    split = err(layer(x))
-    assert sorted(layer.outlier_dims) == sorted(cols)
+    y, dims = layer(x, return_outliers=True)
+    split = err(y)
+    assert sorted(dims) == sorted(cols)
     naive = err(naive_absmax_matmul(x, w))
     vectorwise = err(int8_matmul(x, w, threshold=0))
     kept = err(Int8Linear.from_float(w, keep_fp16_weights=True)(x))
@@ -158,42 +150,30 @@ def test_decomposition_beats_the_baselines(rng, n_out):
        st.integers(0, 2**32 - 1))
 def test_any_shape_matches_the_oracle(m, k, n, n_out, keep_fp16, seed):
     rng = np.random.default_rng(seed)
-    x, w, _ = planted(rng, m, k, n, min(n_out, k))
+    x, w, _ = planted_int8(rng, m, k, n, min(n_out, k))
     y = int8_matmul(x, Int8Weight.from_float(w, keep_fp16), threshold=6.0)
     ref = int8_matmul_reference(x, w, keep_fp16_weights=keep_fp16)
-    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(ref).max()))
+    assert_close(y, ref, np.float32, scale=max(1.0, np.abs(ref).max()))
 
 
 def test_batched_input_bias_and_storage(rng):
     x = rng.standard_normal((2, 3, 64)).astype(np.float32)
-    w = rng.standard_normal((64, 48)).astype(np.float32)
+    w = rng.standard_normal((48, 64)).astype(np.float32)  # (out, in)
     bias = rng.standard_normal(48).astype(np.float32)
     layer = Int8Linear.from_float(w, bias)
     y = layer(x)
     assert y.shape == (2, 3, 48)
-    np.testing.assert_allclose(y, int8_matmul_reference(x, w) + bias, rtol=1e-5, atol=1e-4)
+    ref = int8_matmul_reference(x, w) + bias
+    assert_close(y, ref, np.float32, scale=np.abs(ref).max())
     assert layer.nbytes == 64 * 48 + 4 * 48 + 4 * 48  # int8 weights, float32 scales, float32 bias
     assert Int8Linear.from_float(w, keep_fp16_weights=True).nbytes == 64 * 48 * 3 + 4 * 48
     assert layer.in_features == 64 and layer.out_features == 48
 
 
-BAD = [
-    ("x-nan", ValueError, "x contains NaN", lambda x, w: ((np.where(x > 1, np.nan, x), w), {})),
-    ("w-inf", ValueError, "w contains NaN or ±inf", lambda x, w: ((x, np.where(w > 1, np.inf, w)), {})),
-    ("k-mismatch", ValueError, "x has K = 63", lambda x, w: ((x[:, :63], w), {})),
-    ("w-ndim", ValueError, "w must be 2-D", lambda x, w: ((x, w[0]), {})),
-    ("x-int", TypeError, "x must have a floating dtype", lambda x, w: ((x.astype(np.int32), w), {})),
-    ("w-list", TypeError, "w must be a numpy.ndarray", lambda x, w: ((x, w.tolist()), {})),
-    ("threshold-negative", ValueError, "threshold must be >= 0", lambda x, w: ((x, w), {"threshold": -1.0})),
-    ("threshold-nan", ValueError, "threshold must be >= 0", lambda x, w: ((x, w), {"threshold": float("nan")})),
-    ("threshold-str", TypeError, "threshold must be a real number", lambda x, w: ((x, w), {"threshold": "6"})),
-]
-
-
-@pytest.mark.parametrize("name, exc, pattern, make", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("name, exc, pattern, make", BAD_INT8_CALLS, ids=[b[0] for b in BAD_INT8_CALLS])
 def test_bad_input_is_named(rng, name, exc, pattern, make):
     x = rng.standard_normal((4, 64)).astype(np.float32)
-    w = rng.standard_normal((64, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 64)).astype(np.float32)  # (out, in)
     args, kwargs = make(x, w)
     with pytest.raises(exc, match=pattern):
         int8_matmul(*args, **kwargs)
@@ -213,7 +193,21 @@ def test_quantize_rejects_bad_input():
     with pytest.raises(ValueError, match="axis must be an int in"):
         quantize_vectorwise(np.ones((2, 2)), axis=2)
     with pytest.raises(ValueError, match="bias must have shape"):
-        Int8Linear.from_float(np.ones((4, 3), np.float32), np.ones(4, np.float32))
+        Int8Linear.from_float(np.ones((4, 3), np.float32), np.ones(3, np.float32))
+    layer = Int8Linear.from_float(np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match="threshold must be >= 0"):
+        layer.threshold = -1.0  # checked when set, not only in the constructor
+    assert layer.threshold == 6.0
+
+
+def test_a_square_weight_is_read_as_out_in_like_torch(rng):
+    # torch.nn.functional.linear(x, w) = x · wᵀ; a square weight would pass silently in the other layout
+    x = rng.standard_normal((3, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 32)).astype(np.float32)  # (out, in)
+    y = Int8Linear.from_float(w)(x)
+    exact_t, exact = x.astype(np.float64) @ w.T, x.astype(np.float64) @ w
+    assert np.abs(y - exact_t).max() < 0.05 * np.abs(exact_t).max() < np.abs(y - exact).max()
+    assert np.array_equal(int8_matmul(x, w), y)
 
 
 _ACROSS_TARGETS = """

@@ -9,13 +9,12 @@ import pytest
 pytest.importorskip("numba.cuda", reason="Numba's CUDA target is not installed (pip install -e .[gpu])")
 
 import kernels  # noqa: E402
-from kernels import _gpu, int8, kvprune  # noqa: E402
+from kernels import int8, kvprune  # noqa: E402
+from kernels._common import gpu as _gpu  # noqa: E402
 from kernels.attn import reference  # noqa: E402
 
-from tests.conftest import assert_close  # noqa: E402
-from tests.kernels.test_attn import plain_attention  # noqa: E402
-from tests.kernels.test_attn_errors import _bad_calls, _ok  # noqa: E402
-from tests.kernels.test_int8 import BAD as INT8_BAD, planted  # noqa: E402
+from tests.helpers import (BAD_INT8_CALLS, assert_close, attention_inputs, bad_attention_calls,  # noqa: E402
+                           plain_attention, planted_int8)
 
 if _gpu.numba_cuda() is None:
     pytest.skip("no CUDA device and NUMBA_ENABLE_CUDASIM is off", allow_module_level=True)
@@ -59,7 +58,7 @@ def test_attention_equals_the_oracle(rng, B, Hq, Hkv, Nq, Nk, d, causal, bq, bk,
     assert_close(o, ref_o, dtype, plain=plain)
     assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
     seen = np.isfinite(ref_lse)
-    np.testing.assert_allclose(lse[seen], ref_lse[seen], rtol=1e-3 if dtype != np.float64 else 1e-10)
+    assert_close(lse[seen], ref_lse[seen], np.float64 if dtype == np.float64 else np.float32)  # compute dtype
     assert not np.isnan(o).any()
 
 
@@ -72,8 +71,8 @@ def test_split_kv_decode_equals_the_oracle(rng, n_splits, Nq, causal):
     dev = [_gpu.to_numba(x) for x in (q, k, v)]
     o, lse = _numba_cuda.flash_forward(*dev, 0.5, causal, block_q=2, block_k=4, n_splits=n_splits)
     ref_o, ref_lse = reference(q, k, v, causal=causal, scale=0.5, return_lse=True)
-    np.testing.assert_allclose(o.copy_to_host(), ref_o, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(lse.copy_to_host(), ref_lse, rtol=1e-12)
+    assert_close(o.copy_to_host(), ref_o, np.float64)
+    assert_close(lse.copy_to_host(), ref_lse, np.float64)
 
 
 def test_split_count_fills_the_machine():
@@ -96,9 +95,9 @@ def test_device_arrays_come_back_on_the_device(rng):
         kernels.attention(q, dev[1], dev[2])
 
 
-@pytest.mark.parametrize("name, exc, pattern, make", _bad_calls(), ids=[c[0] for c in _bad_calls()])
+@pytest.mark.parametrize("name, exc, pattern, make", bad_attention_calls(), ids=[c[0] for c in bad_attention_calls()])
 def test_the_same_errors_as_the_cpu(rng, name, exc, pattern, make):
-    args, kwargs = make(*_ok(rng))
+    args, kwargs = make(*attention_inputs(rng))
     for backend in ("cpu", "numba-cuda"):
         with pytest.raises(exc, match=pattern):
             kernels.attention(*args, **{"backend": backend, **kwargs})
@@ -117,31 +116,31 @@ INT8_GRID = [(1, 9, 5, 0), (3, 10, 7, 1), (6, 17, 4, 2), (2, 8, 9, 8)]  # (M, K,
 @pytest.mark.parametrize("threshold", [6.0, 0.0])
 @pytest.mark.parametrize("m, k, n, n_out", INT8_GRID)
 def test_int8_matmul_equals_the_cpu_tier_exactly(rng, m, k, n, n_out, threshold):
-    x, w, _ = planted(rng, m * BIG, k * BIG, n * BIG, n_out)
+    x, w, _ = planted_int8(rng, m * BIG, k * BIG, n * BIG, n_out)
     got = int8.int8_matmul(x, w, threshold=threshold, backend="numba-cuda")
     cpu = int8.int8_matmul(x, w, threshold=threshold, backend="cpu")
     assert got.dtype == np.float32 and got.shape == cpu.shape
     # the int8 operands and the int32 product are equal bit for bit; the float16 outlier sums in the same order
     np.testing.assert_allclose(got, cpu, rtol=1e-6, atol=1e-6 * np.abs(cpu).max())
     ref = int8.int8_matmul_reference(x, w, threshold=threshold)
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    assert_close(got, ref, np.float32, scale=np.abs(ref).max())
 
 
 def test_int8_gemm_and_quantizer_are_exact(rng):
     from kernels.int8 import _numba_cuda
 
-    w = rng.standard_normal((13 * BIG, 6 * BIG)).astype(np.float32)
-    w_i8_t, absmax = _numba_cuda.quantize_weight(_gpu.to_numba(w))
+    w = rng.standard_normal((6 * BIG, 13 * BIG)).astype(np.float32)  # (out, in)
+    w_i8, absmax = _numba_cuda.quantize_weight(_gpu.to_numba(w))
     ref = int8.Int8Weight.from_float(w)
-    assert np.array_equal(w_i8_t.copy_to_host(), ref.w_i8_t)
+    assert np.array_equal(w_i8.copy_to_host(), ref.w_i8)
     assert np.array_equal(absmax.copy_to_host(), ref.absmax)
     x_i8 = rng.integers(-127, 128, (5, 13 * BIG), dtype=np.int8)
-    c = _numba_cuda.gemm(_gpu.to_numba(x_i8), w_i8_t)
-    assert np.array_equal(c.copy_to_host(), int8.int8_gemm(x_i8, ref.w_i8_t))
+    c = _numba_cuda.gemm(_gpu.to_numba(x_i8), w_i8)
+    assert np.array_equal(c.copy_to_host(), int8.int8_gemm(x_i8, ref.w_i8))
 
 
 def test_int8_with_a_prequantized_weight_and_device_inputs(rng):
-    x, w, _ = planted(rng, 3, 12, 5, 2)
+    x, w, _ = planted_int8(rng, 3, 12, 5, 2)
     weight = int8.Int8Weight.from_float(w)
     cpu = int8.int8_matmul(x, weight)
     y = int8.int8_matmul(_gpu.to_numba(x), weight)  # "auto": device input, device output
@@ -151,10 +150,10 @@ def test_int8_with_a_prequantized_weight_and_device_inputs(rng):
         int8.int8_matmul(x, int8.Int8Weight.from_float(w, keep_fp16_weights=True), backend="numba-cuda")
 
 
-@pytest.mark.parametrize("name, exc, pattern, make", INT8_BAD, ids=[b[0] for b in INT8_BAD])
+@pytest.mark.parametrize("name, exc, pattern, make", BAD_INT8_CALLS, ids=[b[0] for b in BAD_INT8_CALLS])
 def test_int8_errors_match_the_cpu(rng, name, exc, pattern, make):
     x = rng.standard_normal((4, 64)).astype(np.float32)
-    w = rng.standard_normal((64, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 64)).astype(np.float32)  # (out, in)
     args, kwargs = make(x, w)
     for backend in ("cpu", "numba-cuda"):
         with pytest.raises(exc, match=pattern):
@@ -164,7 +163,7 @@ def test_int8_errors_match_the_cpu(rng, name, exc, pattern, make):
 def test_int8_nan_on_the_device_is_refused(rng):
     x = rng.standard_normal((3, 8)).astype(np.float32)
     x[1, 2] = np.nan
-    w = rng.standard_normal((8, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 8)).astype(np.float32)  # (out, in)
     with pytest.raises(ValueError, match="x contains NaN"):
         int8.int8_matmul(_gpu.to_numba(x), _gpu.to_numba(w))
 
@@ -186,7 +185,7 @@ def test_snapkv_kept_sets_equal_the_oracle(rng, hq, hkv, n, capacity, window, ke
     scores = kvprune.snapkv_scores(q[:, :, -window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa,
                                    backend="numba-cuda")
     ref = kvprune.snapkv_scores_reference(q[:, :, -window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
-    np.testing.assert_allclose(scores, ref, rtol=1e-12, atol=1e-15)
+    assert_close(scores, ref, np.float64)
 
 
 def test_snapkv_ties_go_to_the_lower_position(rng):

@@ -50,7 +50,7 @@ def test_answer_found_reads_the_first_number(answer, found):
 
 
 def test_accuracy_table_averages_over_depths():
-    rows = [{"context": 1024, "depth": d, "policy": p, "capacity": c, "correct": ok}
+    rows = [{"n": 1024, "depth": d, "policy": p, "capacity": c, "correct": ok}
             for d, p, c, ok in [(0.1, "full", 1024, 1), (0.5, "full", 1024, 0), (0.1, "snapkv", 128, 1),
                                 (0.5, "snapkv", 128, 1), (0.1, "h2o", 128, 0), (0.5, "h2o", 128, 0)]]
     table = passkey.accuracy_table(rows)

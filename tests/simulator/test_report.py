@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernels
-from simulator import hardware, report
+from simulator import calibrate, hardware, report
 from simulator.cli import main
 from simulator.report import RunContext, Section, build_report, measured, read_csv
 
@@ -23,12 +23,27 @@ def tiny_sizes(monkeypatch):
     monkeypatch.setitem(report.ATTN_SIZES, True, (64, 512))
 
 
+@pytest.fixture
+def no_model_extra(monkeypatch):
+    """The model extra hidden (importing gguf or tokenizers raises ImportError), and fetching the GGUF a failure:
+    the report's model sections must skip before any download."""
+    import models.smollm2
+
+    for name in models.smollm2.MODEL_EXTRA:
+        monkeypatch.setitem(sys.modules, name, None)
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("the GGUF was fetched although the model extra is missing")
+
+    monkeypatch.setattr(models.smollm2, "fetch_gguf", no_fetch)
+
+
 @pytest.fixture(scope="module")
 def cpu_spec(tmp_path_factory):
-    import os
-
-    os.environ.setdefault("IOAWARE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    return hardware.cpu_spec()
+    """This machine's spec, calibrated into a cache directory of this module's own (undone after the module)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IOAWARE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield calibrate.cpu_spec()
 
 
 def _png_size(path: Path):
@@ -38,7 +53,7 @@ def _png_size(path: Path):
     return width, height
 
 
-def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec):
+def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec, no_model_extra):
     steps = []
     out = build_report(tmp_path / "run", quick=True, hardware=hardware.load("H100-SXM"), cpu=cpu_spec,
                        progress=steps.append)
@@ -61,7 +76,7 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
     assert {(r["algorithm"], r["causal"], r["n"]) for r in rows} == {
         (a, c, n) for a in ("standard", "flash") for c in ("False", "True") for n in ("64", "512")}
     for r in rows:
-        assert float(r["median_s"]) > 0 and float(r["predicted_s"]) > 0
+        assert float(r["measured_s"]) > 0 and float(r["predicted_s"]) > 0
     # S and P are 2·H·N² float32: the standard algorithm's peak must show them; flash's is what its own tiles
     # predict (its per-thread tiles follow this machine's cache, so no fixed fraction of the standard's holds)
     big = {r["algorithm"]: int(r["peak_traced_bytes"]) for r in rows if r["n"] == "512" and r["causal"] == "False"}
@@ -73,9 +88,19 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec)
                     "## Roofline of H100-SXM", "## Across hardware", "## LLM.int8()", "## SnapKV",
                     "## SmolLM2-135M", "## Passkey retrieval"):
         assert heading in md
-    assert len(steps) == report.planned_steps(report.SECTIONS, quick=True)  # the progress bar's total
+    assert md.count("Skipped: the model extra is not installed") == 2  # SmolLM2 and passkey, nothing downloaded
+    ran = [s for s in report.SECTIONS if s not in (report.model_section, report.passkey_section)]
+    assert len(steps) == report.planned_steps(ran, quick=True)  # the progress bar's total, section by section
     errors = {float(r["threshold"]): float(r["mean_rel_error"]) for r in read_csv(out / "int8_error.csv")}
     assert errors[6.0] < errors[0.0] / 3  # the decomposition pays off on the planted outliers
+
+
+@pytest.mark.parametrize("section", [report.model_section, report.passkey_section], ids=["smollm2", "passkey"])
+def test_model_sections_skip_without_the_extra_and_fetch_nothing(tmp_path, no_model_extra, section):
+    result = section(RunContext(directory=tmp_path, quick=True))
+    assert "Skipped: the model extra is not installed" in result.markdown and "pip install -e .[model]" in \
+        result.markdown
+    assert result.files == () and list(tmp_path.iterdir()) == []
 
 
 def test_across_hardware_matches_the_golden_csv(tmp_path):
@@ -100,7 +125,7 @@ def test_interrupted_report_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_report(tmp_path, tiny_sizes, cpu_spec, capsys):
+def test_cli_report(tmp_path, tiny_sizes, cpu_spec, no_model_extra, capsys):
     assert main(["report", "--quick", "--no-progress", "--hardware", "T4", "--out", str(tmp_path / "r")]) == 0
     assert "report written to" in capsys.readouterr().out
     assert "## Roofline of T4" in (tmp_path / "r" / "index.md").read_text()

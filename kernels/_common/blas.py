@@ -1,5 +1,5 @@
 """BLAS inside Numba's pool: single-threaded while Numba's threads call it, and the matmuls ioaware would otherwise
-hand to NumPy's multithreaded BLAS (see kernels/_threads.py for the threading design)."""
+hand to NumPy's multithreaded BLAS (see kernels/_common/threads.py for the threading design)."""
 from __future__ import annotations
 
 import contextlib

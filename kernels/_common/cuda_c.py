@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _gpu
+from . import gpu as _gpu
 
 COMPILE_OPTIONS = ("-std=c++17",)
 
@@ -51,7 +51,8 @@ def shared_memory_optin() -> int:
     return int(cupy.cuda.runtime.deviceGetAttribute(attribute, cupy.cuda.Device().id))
 
 
-def check_shared_memory(nbytes: int, what: str) -> None:
+def check_optin_shared_memory(nbytes: int, what: str) -> None:
+    """Refuse a launch whose dynamic shared memory exceeds what a block may opt into (the CUDA C kernels)."""
     limit = shared_memory_optin()
     if nbytes > limit:
         raise ValueError(f"{what} needs {nbytes} bytes of shared memory per block, above the device's {limit}")

@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from .memory import InsufficientMemoryError
+
 # Static shared memory per block on every CUDA GPU since compute capability 2.0; more needs an explicit opt-in
 # (CUDA C++ Programming Guide, "Compute Capabilities", table "Technical Specifications per Compute Capability":
 # maximum shared memory per block 48 KB without opt-in).
@@ -116,8 +118,9 @@ def shared_memory_limit() -> int:
     return min(int(limit), STATIC_SHARED_LIMIT) if limit else STATIC_SHARED_LIMIT
 
 
-def check_shared_memory(nbytes: int, what: str) -> None:
-    """Refuse a launch whose tiles need more shared memory than a block may have, naming the tiles' bytes."""
+def check_static_shared_memory(nbytes: int, what: str) -> None:
+    """Refuse a launch whose tiles need more static shared memory than a block may have without an opt-in (the
+    Numba-CUDA kernels), naming the tiles' bytes."""
     limit = shared_memory_limit()
     if nbytes > limit:
         raise ValueError(f"{what} needs {nbytes} bytes of shared memory per block, above the device's {limit}; "
@@ -137,8 +140,6 @@ def free_device_bytes(tier: str) -> float:
 
 def ensure_device_fits(nbytes: int, what: str, tier: str = "numba-cuda") -> None:
     """Refuse, before allocating, work whose device memory exceeds what is free on the device."""
-    from .attn._memory import InsufficientMemoryError
-
     free = free_device_bytes(tier)
     if nbytes > free:
         raise InsufficientMemoryError(f"{what} would allocate {nbytes / 2**30:.2f} GiB on the GPU, but only "

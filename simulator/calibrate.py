@@ -12,10 +12,10 @@ import os
 import numpy as np
 from numba import njit, prange
 
-from kernels._cpuinfo import cache_sizes, cpu_model, user_cache_dir
+from kernels.cpuinfo import cache_sizes, cpu_model, user_cache_dir
 
-from ..measure import time_call
-from .spec import HardwareSpec, from_toml
+from .hardware.spec import HardwareSpec, from_toml
+from .measure import time_call
 
 CACHE_FILE = "cpu-spec.toml"
 TRIAD_DRAM_BYTES = 256 * 2**20  # per array: far above any last-level cache

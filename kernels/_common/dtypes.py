@@ -1,0 +1,16 @@
+"""The float dtypes every kernel accepts, the precision each computes in, and the dtype check that names the bad
+argument (one message for every algorithm and backend)."""
+from __future__ import annotations
+
+import numpy as np
+
+# float16 is accepted and computed in float32 (its products and sums would overflow or lose too much in float16).
+COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
+                 np.dtype(np.float32): np.dtype(np.float32),
+                 np.dtype(np.float64): np.dtype(np.float64)}
+
+
+def check_float_dtype(name: str, x) -> None:
+    """Raise ``TypeError`` unless the array ``x`` (host or device) has one of the accepted float dtypes."""
+    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
+        raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
