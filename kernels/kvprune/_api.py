@@ -61,7 +61,9 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
-def _check_inputs(q, k, v=None, *, device_ok=False):
+def _check_inputs(q, k, v=None, *, device_ok=False, same_length=True):
+    """The arrays' types, dtypes and shapes, before any kernel indexes them: 4-D, B, H and d >= 1, k and v alike,
+    q and k sharing B and d, Hq a multiple of Hkv, and (``same_length``) q and k the prompt's N queries and keys."""
     arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
     for name, x in arrays:
         if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
@@ -70,10 +72,17 @@ def _check_inputs(q, k, v=None, *, device_ok=False):
         check_float_dtype(name, x)
         if x.ndim != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, d); got shape {x.shape}")
+    for name, x in arrays:
+        for axis, dim in (("B", 0), ("H", 1), ("d", 3)):
+            if x.shape[dim] < 1:
+                raise ValueError(f"{name} must have {axis} >= 1 (shape (B, H, N, d)); got shape {x.shape}")
     if v is not None and k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {q.shape} and k {k.shape} must share the batch size and head dim")
+    if same_length and q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must be the prompt's queries and keys, of one length N; got q {q.shape}, "
+                         f"k {k.shape}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"the number of query heads must be a multiple of the number of key/value heads (GQA); "
                          f"got Hq={q.shape[1]}, Hkv={k.shape[1]}")
@@ -124,7 +133,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     scores : ndarray, float32 (float64 for float64 input), the pooled sum over the window queries of their
         softmax probabilities (scaled by 1/sqrt(d), causal inside the window) for positions [0, N − w).
     """
-    _check_inputs(q_window, k, device_ok=True)
+    _check_inputs(q_window, k, device_ok=True, same_length=False)
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
     backend = choose_backend("snapkv_scores", backend, {"q_window": q_window, "k": k})
     B, Hq, w, d = q_window.shape

@@ -138,9 +138,18 @@ def test_bad_arguments_are_named(rng, name, exc, pattern, kwargs, n):
     (lambda q, k, v: (q[:, :3], k, v), "multiple of the number of key/value heads"),
     (lambda q, k, v: (q[0], k, v), "q must be 4-D"),
     (lambda q, k, v: (q, k.astype(np.int16), v), "k must have a floating dtype"),
+    # more or fewer queries than keys: h2o's kernel wrote out of bounds ("double free or corruption") before
+    (lambda q, k, v: (np.concatenate([q, q[:, :, :1]], axis=2), k, v), "of one length N"),
+    (lambda q, k, v: (q[:, :, :-1], k, v), "of one length N"),
+    (lambda q, k, v: (q[:, :, :, :0], k[..., :0], v[..., :0]), "d >= 1"),
+    (lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0]), "H >= 1"),
 ])
 def test_bad_shapes_are_named(rng, make, pattern):
     q, k, v = _prompt(rng)
     for fn in (snapkv_compress, kvprune.streaming_llm, kvprune.h2o, kvprune.uniform_random):
         with pytest.raises((ValueError, TypeError), match=pattern):
             fn(*make(q, k, v), capacity=64)
+    q_bad, k_bad, v_bad = make(q, k, v)
+    if v_bad.shape == k_bad.shape:  # h2o_scores takes no v
+        with pytest.raises((ValueError, TypeError), match=pattern):
+            kvprune.h2o_scores(q_bad, k_bad)
