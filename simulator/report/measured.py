@@ -22,12 +22,13 @@ ATTN_SIZES = {True: (256, 512, 1024, 2048), False: (512, 1024, 2048, 4096, 8192)
 
 def machine_section(ctx: RunContext) -> Section:
     """This machine: cores and caches from the OS, and the calibrated DRAM bandwidth, sgemm rate and launch cost."""
-    import numba
-
+    pool = kernels.pool_info()
     cpu = ctx.cpu
     rows = [{"property": "cpu_model", "value": cpu_model()},
             {"property": "logical_cores", "value": os.cpu_count()},
-            {"property": "numba_threads", "value": numba.get_num_threads()}]
+            {"property": "numba_threads", "value": pool["threads"]},
+            {"property": "threading_layer", "value": pool["threading_layer"]},
+            {"property": "wait_policy", "value": pool["wait_policy"]}]
     rows += [{"property": f"{level}_bytes", "value": size} for level, size in sorted(cache_sizes().items())]
     rows += [{"property": "dram_triad_gb_per_s", "value": f"{cpu.hbm_bandwidth / 1e9:.1f}"},
              {"property": "l2_triad_gb_per_s", "value": f"{cpu.sram_bandwidth / 1e9:.1f}"},
@@ -38,7 +39,9 @@ def machine_section(ctx: RunContext) -> Section:
     table = "\n".join(f"| {r['property']} | {r['value']} |" for r in rows)
     body = (f"The cost model's `cpu` spec, calibrated on this machine on {cpu.measured_on}: DRAM bandwidth from a "
             f"STREAM-style triad on all cores (32 bytes moved per element, write-allocate included), peak FLOP/s "
-            f"from a 2048³ sgemm, and one core's L2 as the \"SRAM\" of the flash tiles.\n\n"
+            f"from a 2048³ sgemm, and one core's L2 as the \"SRAM\" of the flash tiles. The kernels ran on "
+            f"{pool['threads']} Numba threads ({pool['threading_layer']} layer, wait policy "
+            f"{pool['wait_policy']}).\n\n"
             f"| property | value |\n|---|---|\n{table}\n\nData: [machine.csv](machine.csv)\n")
     return Section("This machine", body, ("machine.csv",))
 
