@@ -29,7 +29,7 @@ def _explain(args) -> int:
     show = _printer()
     start = time.perf_counter()
     lesson = run_topic(args.topic, out=args.out, emit=show, seed=args.seed, n=args.n, tile=args.tile,
-                       hardware=args.hardware, model=args.model, context=args.context, capacity=args.capacity)
+                       hardware=args.hardware, preset=args.model, context=args.context, capacity=args.capacity)
     seconds = time.perf_counter() - start
     if args.out:
         print(f"written to {args.out}/index.md and {args.out}/index.html ({len(lesson.files)} charts)",
@@ -40,6 +40,8 @@ def _explain(args) -> int:
 
 def add_subcommand(commands, hardware_type, positive) -> None:
     """Add ``explain`` to the CLI's subparsers (``hardware_type``, ``positive``: the CLI's argparse types)."""
+    from models import PRESETS
+
     p = commands.add_parser("explain", help="lessons of IO-aware inference, computed by this library",
                             description="Lessons whose every number comes out of the kernels, the cost model and "
                                         "the tile simulator. Without TOPIC: the list of topics.")
@@ -50,7 +52,8 @@ def add_subcommand(commands, hardware_type, positive) -> None:
     p.add_argument("--tile", type=positive, help="tile size (softmax-tiles: key tile; flash-tiles: tiles per side)")
     p.add_argument("--hardware", type=hardware_type, metavar="NAME|FILE.toml", help="preset for kv-cache, "
                    "transformer (default H100-SXM)")
-    p.add_argument("--model", help="model preset for kv-cache (default llama-3.1-8b)")
+    p.add_argument("--model", choices=sorted(PRESETS), metavar="PRESET",
+                   help=f"model preset for kv-cache (default llama-3.1-8b; known: {', '.join(PRESETS)})")
     p.add_argument("--context", type=positive, help="prompt tokens (snapkv, kv-cache)")
     p.add_argument("--capacity", type=positive, help="KV-cache budget in tokens (snapkv, kv-cache)")
     p.set_defaults(func=_explain)

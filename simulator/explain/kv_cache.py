@@ -17,7 +17,7 @@ from ._lesson import num
 
 TITLE = "kv-cache: the bytes a decode step reads"
 SUMMARY = "KV-cache bytes per token for the presets (MHA/GQA/MQA), what a SnapKV budget saves, decode vs weights"
-OPTIONS = ("model", "context", "capacity", "hardware")
+OPTIONS = ("preset", "context", "capacity", "hardware")
 CONTEXTS = (1024, 4096, 16384, 32768, 131072)
 ELEM_BYTES = 2  # fp16 cache and weights
 
@@ -66,8 +66,8 @@ def _draw(path, cfg, hw, capacity):
     save(fig, path)
 
 
-def run(lesson, *, model="llama-3.1-8b", context=32768, capacity=1024, hardware="H100-SXM"):
-    cfg = get_config(model) if isinstance(model, str) else model
+def run(lesson, *, preset="llama-3.1-8b", context=32768, capacity=1024, hardware="H100-SXM"):
+    cfg = get_config(preset) if isinstance(preset, str) else preset
     hw = load(hardware) if isinstance(hardware, str) else hardware
     lesson.heading("Bytes per token of context")
     lesson.say("Every layer keeps K and V of every token for every kv head: 2 · layers · kv heads · head dim · "

@@ -59,14 +59,14 @@ def _toy(lesson):
     full, lse = softmax_by_attention(s)
     lesson.heading("Softmax over all four scores")
     lesson.say(f"The scores s = {vector(s)}. `kernels.attention` with one query e₀, keys s_j·e₀, V = I and scale 1 "
-               f"returns softmax(s) = {vector(full)}; they sum to {num(full.sum(), 6)}.")
+               f"returns softmax(s) = {vector(full)}; they sum to {full.sum():.3f}.")
     tiles = [s[t0:t0 + TILE] for t0 in range(0, s.size, TILE)]
     per_tile = [softmax_by_attention(t)[0] for t in tiles]
     naive = np.concatenate(per_tile)
     lesson.heading("Softmax per tile of two, concatenated")
     lesson.say(" ".join(f"softmax({vector(t)}) = {vector(p)}." for t, p in zip(tiles, per_tile))
-               + f" Concatenated: {vector(naive)}, which sums to **{num(naive.sum(), 6)}**: "
-               f"{num(100 * naive.sum())}% attention. Each tile normalized by its own sum; the first tile never "
+               + f" Concatenated: {vector(naive)}, which sums to **{naive.sum():.3f}**: "
+               f"{100 * naive.sum():.0f}% attention. Each tile normalized by its own sum; the first tile never "
                f"saw the 8 that dwarfs its scores.")
     o, steps = online_softmax(s, np.eye(s.size), TILE)
     lesson.heading("Online softmax over the same tiles")
@@ -95,7 +95,7 @@ def _real_row(lesson, seed, n, tile):
     o_online, steps = online_softmax(s, v[0], tile)
     lesson.heading(f"A real row: query {row} of attention with N = {n}, d = {d}, key tiles of {tile}")
     lesson.say(f"Random Q, K, V (seed {seed}), float64. Softmax per key tile, concatenated, sums to "
-               f"{num(per_tile_sum, 6)} over its {tc} tiles. Online softmax over the same tiles:")
+               f"{per_tile_sum:.3f} over its {tc} tiles. Online softmax over the same tiles:")
     lesson.table(["keys", "m_new", "exp(m_old − m_new)", "l_new"],
                  [[f"{st['tile'][0]}–{st['tile'][1] - 1}", num(st["m_new"], 5), num(st["correction"], 5),
                    num(st["l_new"], 6)] for st in steps])
