@@ -27,9 +27,14 @@ def _explain(args) -> int:
         print("\nioaware explain TOPIC [--out DIR] shows one; --help lists the options.")
         return 0
     show = _printer()
+    show(f"# {topic_module(args.topic).TITLE}")
     start = time.perf_counter()
-    lesson = run_topic(args.topic, out=args.out, emit=show, seed=args.seed, n=args.n, tile=args.tile,
-                       hardware=args.hardware, preset=args.model, context=args.context, capacity=args.capacity)
+    try:
+        lesson = run_topic(args.topic, out=args.out, emit=show, seed=args.seed, n=args.n, tile=args.tile,
+                           hardware=args.hardware, preset=args.model, context=args.context, capacity=args.capacity)
+    except ValueError as err:  # a size the topic refuses (e.g. a capacity outside (window, context))
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     if args.out:
         print(f"written to {args.out}/index.md and {args.out}/index.html ({len(lesson.files)} charts)",

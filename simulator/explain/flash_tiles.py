@@ -133,7 +133,7 @@ def animate(path, name, frame_list, n_tiles, bar_limit, fps=4):
     from ..report.charts import TENSOR_COLORS, figure, plt
 
     colors = {**TENSOR_COLORS, "l": "#999999", "m": "#999999", "lse": "#999999"}
-    fig, axes = figure(ncols=2, width=3.3, height=3.0)
+    fig, axes = figure(ncols=2, width=3.0, height=2.8)
     grid, bars = axes[0, 0], axes[0, 1]
     patches = {}
     for cell, (x, y, w, h) in _layout(n_tiles).items():
@@ -141,7 +141,8 @@ def animate(path, name, frame_list, n_tiles, bar_limit, fps=4):
     t = n_tiles
     for x, y, label in ((0.5, t + 0.3, "Q"), (t + 3.0, t + 0.3, "O"), (t + 4.3, -0.6, "l m lse"),
                         (1.5 + t / 2, t + 1.7, "Kᵀ"), (1.5 + t / 2, -2.2, "V"), (1.5 + t / 2, t / 2, "S / P")):
-        grid.text(x, y, label, ha="center", va="center", fontsize=7)
+        grid.text(x, y, label, ha="center", va="center", fontsize=7, zorder=3,
+                  bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 0.5})
     grid.set_xlim(-0.3, t + 5.0)
     grid.set_ylim(-2.6, t + 2.0)
     grid.set_aspect("equal")
@@ -155,7 +156,7 @@ def animate(path, name, frame_list, n_tiles, bar_limit, fps=4):
     bars.set_xlabel("HBM kB moved (read + write)", fontsize=7)
     bars.tick_params(labelsize=6)
     writer = PillowWriter(fps=fps)
-    with writer.saving(fig, str(path), dpi=75):
+    with writer.saving(fig, str(path), dpi=64):
         for number, frame in enumerate(frame_list, 1):
             for (tensor, i, j), patch in patches.items():
                 tile_tensor = "P" if tensor == "S" and frame.kernel == "pv" else tensor

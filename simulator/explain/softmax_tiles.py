@@ -120,7 +120,7 @@ def _draw(path, s, full, naive, steps):
     for i, st in enumerate(steps):
         axes[0, 2].bar(x + (i - 0.5) * 0.4, st["o"], width=0.4, label=f"after tile {i + 1}")
     axes[0, 2].set_title("online: running o / l", fontsize=9)
-    axes[0, 2].legend(fontsize=7)
+    axes[0, 2].legend(fontsize=7, loc="upper left")
     for ax in axes[0]:
         ax.set_xticks(x, [f"s={v:g}" for v in s], fontsize=8)
         ax.set_ylim(0, 1.05)
