@@ -228,9 +228,9 @@ def run(lesson, *, seed=0, tile=8):
             for name, (_, model) in ALGORITHMS.items()}
     std = results["standard"][0].machine
     s_p, qkv = (sum(std.reads.get(t, 0) + std.writes.get(t, 0) for t in names) for names in ("SP", "QKV"))
+    verdict = f"N = {n} is too short for the N² tensors to dominate" if s_p < qkv else "the N² tensors lead"
     lesson.say(f"At this toy size standard attention moves {s_p:,} bytes of S and P against {qkv:,} of Q, K and V: "
-               f"{'N = ' + str(n) + ' is too short for the N² tensors to dominate' if s_p < qkv else 'the N² tensors lead'}."
-               f" At a real size, N = {REAL_N}, d = {REAL_D}, {REAL_HEADS} heads, with the tiles that fit "
+               f"{verdict}. At a real size, N = {REAL_N}, d = {REAL_D}, {REAL_HEADS} heads, with the tiles that fit "
                f"{hw.name}'s {hw.sram_per_sm_bytes / 1024:.0f} KiB of SRAM per SM, the cost model gives:")
     lesson.table(["algorithm", "HBM MB", "of which S and P", "predicted µs on " + hw.name],
                  [[LABELS[name], f"{float(c.hbm_bytes) / 1e6:,.1f}",

@@ -82,8 +82,8 @@ def _toy(lesson, seed):
     y, outliers = split_products(X, w)
     lesson.heading("The LLM.int8() split: x · W")
     lesson.say(f"A random weight W ({len(X)} × {N_OUT}, seed {seed}). Dimensions where |x| >= {num(THRESHOLD)}: "
-               f"{[int(i) for i in outliers]}. They go through float16; the rest through int8 with one scale per row of x and "
-               f"per column of W; the two products are summed.")
+               f"{[int(i) for i in outliers]}. They go through float16; the rest through int8 with one scale per "
+               f"row of x and per column of W; the two products are summed.")
     names = ["naive", "vector-wise", "int8 part", "float16 part", "LLM.int8()"]
     lesson.table(["output", "exact (float64)", *names],
                  [[j, num(y["exact"][0, j], 5), *(num(y[k][0, j], 5) for k in names)] for j in range(N_OUT)])

@@ -58,8 +58,8 @@ def _toy(lesson):
     s = np.array(SCORES)
     full, lse = softmax_by_attention(s)
     lesson.heading("Softmax over all four scores")
-    lesson.say(f"The scores s = {vector(s)}. `kernels.attention` with one query e₀, keys s_j·e₀, V = I and scale 1 "
-               f"returns softmax(s) = {vector(full)}; they sum to {full.sum():.3f}.")
+    lesson.say(f"The scores s = {vector(s)}. `kernels.attention` with one query e₀, keys s_j·e₀, V = I and "
+               f"scale 1 returns softmax(s) = {vector(full)}; they sum to {full.sum():.3f}.")
     tiles = [s[t0:t0 + TILE] for t0 in range(0, s.size, TILE)]
     per_tile = [softmax_by_attention(t)[0] for t in tiles]
     naive = np.concatenate(per_tile)
@@ -77,8 +77,9 @@ def _toy(lesson):
                    num(st["m_new"]), num(st["correction"], 4), num(st["l_old"], 5), num(st["l_new"], 5),
                    vector(st["o"])] for st in steps])
     lesson.say(f"After the last tile o = {vector(o)}; the full softmax is {vector(full)}: largest difference "
-               f"{num(np.abs(o - full).max(), 2)}. And m + log l = {num(steps[-1]['m_new'] + math.log(steps[-1]['l_new']), 8)}"
-               f" is the log-sum-exp `kernels.attention` returns, {num(lse, 8)}.")
+               f"{num(np.abs(o - full).max(), 2)}. And m + log l = "
+               f"{num(steps[-1]['m_new'] + math.log(steps[-1]['l_new']), 8)} is the log-sum-exp "
+               f"`kernels.attention` returns, {num(lse, 8)}.")
     return s, full, naive, steps
 
 

@@ -35,21 +35,21 @@ def run_small(seed=0, n_src=9, n_tgt=7):
     return model.trace, logits, ref, (src_lengths, tgt_lengths)
 
 
-def component_costs(cfg, n_src, n_tgt, *, algorithm="flash2", batch=1):
+def component_costs(cfg, n_src, n_tgt, *, sram_bytes, algorithm="flash2", batch=1):
     """{component: [Cost, ...]} of one forward at ``cfg`` over all layers, from the cost model. Projections:
     W_Q, W_K, W_V, W_O of every attention; the attention core: standard or FlashAttention-2 forward per attention
     (causal in the decoder's self-attention, Nq = Nt ≠ Nk = Ns in cross-attention); the FFN's two matmuls; the
-    output projection. Embedding lookups, LayerNorms and residual adds are elementwise and not in the cost model."""
+    output projection. The core's tiles fit ``sram_bytes``. Embedding lookups, LayerNorms and residual adds are
+    elementwise and not in the cost model."""
     d, h, dk, f = cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_ff
     core = costs.flash2_forward if algorithm == "flash2" else costs.standard_forward
-    sram = load("H100-SXM").sram_per_sm_bytes  # tiles for the core; bytes per SM of the reference preset
     out = {g: [] for g in GROUPS}
     attentions = [(n_src, n_src, False)] * cfg.n_layers + [(n_tgt, n_tgt, True), (n_tgt, n_src, False)] * cfg.n_layers
     for nq, nk, causal in attentions:
         out["projections"] += [costs.dense(batch * nq, d, d, elem_bytes=ELEM_BYTES)] * 2  # W_Q, W_O
         out["projections"] += [costs.dense(batch * nk, d, d, elem_bytes=ELEM_BYTES)] * 2  # W_K, W_V
         out["attention core"].append(core(batch, h, h, nq, nk, dk, causal=causal, elem_bytes=ELEM_BYTES,
-                                          sram_bytes=sram))
+                                          sram_bytes=sram_bytes))
     for n in [n_src] * cfg.n_layers + [n_tgt] * cfg.n_layers:
         out["FFN"] += [costs.dense(batch * n, d, f, elem_bytes=ELEM_BYTES), costs.dense(batch * n, f, d,
                                                                                         elem_bytes=ELEM_BYTES)]
@@ -108,11 +108,20 @@ def run(lesson, *, seed=0, n=512, hardware="H100-SXM"):
                f"layers, vocabulary {BASE.vocab:,} (Vaswani et al., Table 3 and §5.1); batch 1, fp16; roofline time "
                f"on {hw.name}. Embedding lookups, LayerNorm and the residual adds are elementwise and not in the "
                f"cost model, so they are left out.")
-    flash, std = (totals(component_costs(BASE, n_src, n_tgt, algorithm=a), hw) for a in ("flash2", "standard"))
-    lesson.table(["component", "GFLOP", "HBM MB", "µs", "HBM MB with standard attention"],
-                 [[g, f"{flash[g][1] / 1e9:,.2f}", f"{flash[g][0] / 1e6:,.1f}", f"{flash[g][2] * 1e6:,.1f}",
-                   f"{std[g][0] / 1e6:,.1f}"] for g in GROUPS])
-    sweep = {(m, a): totals(component_costs(BASE, m, m, algorithm=a)) for m in SWEEP for a in ("standard", "flash2")}
+    sram = hw.sram_per_sm_bytes
+    flash, std = (totals(component_costs(BASE, n_src, n_tgt, sram_bytes=sram, algorithm=a), hw)
+                  for a in ("flash2", "standard"))
+    d, f, L = BASE.d_model, BASE.d_ff, BASE.n_layers
+    shapes = {"projections": f"{4 * 3 * L} × ({n} × {d}) · ({d} × {d})",
+              "attention core": f"{3 * L} × {BASE.n_heads} heads of ({n} × {BASE.d_k}) · ({BASE.d_k} × {n}), "
+                                f"causal in {L}",
+              "FFN": f"{2 * L} × ({n} × {d}) · ({d} × {f}) and ({n} × {f}) · ({f} × {d})",
+              "output projection": f"({n} × {d}) · ({d} × {BASE.vocab:,})"}
+    lesson.table(["component", "products", "GFLOP", "HBM MB", "µs", "HBM MB with standard attention"],
+                 [[g, shapes[g], f"{flash[g][1] / 1e9:,.2f}", f"{flash[g][0] / 1e6:,.1f}",
+                   f"{flash[g][2] * 1e6:,.1f}", f"{std[g][0] / 1e6:,.1f}"] for g in GROUPS])
+    sweep = {(m, a): totals(component_costs(BASE, m, m, sram_bytes=sram, algorithm=a)) for m in SWEEP
+             for a in ("standard", "flash2")}
     lesson.heading("Which part dominates as N grows")
     rows = []
     for m in SWEEP:

@@ -13,6 +13,7 @@ from models.passkey import make_case
 from models.smollm2 import SmolLM2
 from simulator import costs
 from simulator.cli import main
+from simulator.hardware import load
 from simulator.explain import TOPICS, kv_cache, outliers, run_topic, snapkv, softmax_tiles, topic_module
 from simulator.explain import flash_tiles, transformer
 from tests.models.test_tiny_model import TINY, tiny_weights
@@ -161,7 +162,7 @@ def test_decode_step_reads_the_cache_and_the_weights(capacity):
     from models import get_config, kv_cache_bytes
 
     cfg = get_config("llama-3.1-8b")
-    hw = kv_cache.load("H100-SXM")
+    hw = load("H100-SXM")
     step = kv_cache.decode_step(cfg, hw, 8192, capacity)
     cache = kv_cache_bytes(cfg, capacity or 8192)
     activations = cfg.n_layers * cfg.n_heads * cfg.head_dim * 2 * 2  # q read and o written, fp16
@@ -191,10 +192,11 @@ def test_transformer_lesson_checks_against_the_reference():
 def test_transformer_components_sum_to_the_cost_model():
     from models.transformer import BASE
 
-    parts = transformer.component_costs(BASE, 256, 128)
-    assert len(parts["attention core"]) == 3 * BASE.n_layers
+    sram = load("H100-SXM").sram_per_sm_bytes
+    parts = transformer.component_costs(BASE, 256, 128, sram_bytes=sram)
+    assert len(parts["attention core"]) == 3 * BASE.n_layers and len(parts["projections"]) == 12 * BASE.n_layers
+    assert len(parts["FFN"]) == 2 * 2 * BASE.n_layers
     cross = parts["attention core"][BASE.n_layers + 1]
-    sram = kv_cache.load("H100-SXM").sram_per_sm_bytes
     assert int(cross.flops) == int(costs.flash2_forward(1, 8, 8, 128, 256, 64, sram_bytes=sram).flops)
     totals = transformer.totals(parts)
     assert totals["FFN"][1] == 2 * 2 * BASE.n_layers * (256 + 128) * BASE.d_model * BASE.d_ff
