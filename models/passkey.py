@@ -52,6 +52,7 @@ class PasskeyCase:
     passkey: str
     depth: float  # where the needle sits, as a fraction of the haystack's tokens
     needle_position: int  # index of the needle's first token in ids
+    needle_length: int  # tokens of the needle sentence, ids[needle_position:needle_position + needle_length]
 
 
 def _needle(passkey: str) -> str:
@@ -80,7 +81,7 @@ def make_case(encode, n_tokens: int, depth: float, seed: int) -> PasskeyCase:
     boundaries = [i + 1 for i, t in enumerate(hay) if t == sentences[0][-1]] or [0]
     cut = min([0, *boundaries], key=lambda b: abs(b - depth * budget))
     ids = head + hay[:cut] + needle + hay[cut:] + tail
-    return PasskeyCase(ids, passkey, depth, len(head) + cut)
+    return PasskeyCase(ids, passkey, depth, len(head) + cut, len(needle))
 
 
 def answer_found(answer: str, passkey: str) -> bool:

@@ -1,4 +1,5 @@
-"""Command line: ``python -m simulator`` or ``ioaware``: ``report``, ``costs``, ``hardware`` and ``gpu-check``."""
+"""Command line: ``python -m simulator`` or ``ioaware``: ``report``, ``costs``, ``hardware``, ``gpu-check`` and
+``explain``."""
 from __future__ import annotations
 
 import argparse
@@ -201,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--out", metavar="DIR", required=True, help="directory for the CSV, Markdown and chart")
     gpu.add_argument("--quick", action="store_true", help="small sizes; no ncu or sanitizer runs")
     gpu.set_defaults(func=_gpu_check)
+
+    from .explain._runner import add_subcommand as add_explain
+
+    add_explain(commands, _hardware, _positive)
     return parser
 
 

@@ -61,15 +61,15 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
             for r0 in range(0, Nq, Br):
                 br = min(Br, Nq - r0)
                 rows = group * br
-                q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i").reshape(rows, d)
+                q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i", rows=(r0, r0 + br)).reshape(rows, d)
                 mach.alloc("O_i", STAT_BYTES * rows * d)
                 mach.alloc("m_i, l_i", STAT_BYTES * 2 * rows)
                 mach.alloc("S_ij", STAT_BYTES * rows * Bc)
                 acc, m_i, l_i = np.zeros((rows, d)), np.full(rows, -np.inf), np.zeros(rows)
                 for j in range(_n_tiles(r0, br, Nk, Bc, offset, causal)):
                     c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
-                    k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j")
-                    v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j")
+                    k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j", rows=(c0, c1))
+                    v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j", rows=(c0, c1))
                     s = np.where(_visible(r0, br, group, c0, c1, offset, causal), scale * (q_i @ k_j.T), -np.inf)
                     mach.compute("S = Q Kᵀ", 2 * rows * (c1 - c0) * d)
                     # online softmax: m_new = max(m_i, rowmax S), rescale the state by exp(m_i − m_new)
@@ -84,8 +84,9 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
                 out = np.where(l_i[:, None] > 0, acc / np.where(l_i > 0, l_i, 1)[:, None], 0.0)
                 with np.errstate(divide="ignore"):
                     row_lse = np.where(l_i > 0, m_i + np.log(np.where(l_i > 0, l_i, 1)), -np.inf)
-                mach.store("O", o[b, heads, r0:r0 + br], out.reshape(group, br, d), e)
-                mach.store("lse", lse[b, heads, r0:r0 + br], row_lse.reshape(group, br), STAT_BYTES)
+                mach.store("O", o[b, heads, r0:r0 + br], out.reshape(group, br, d), e, rows=(r0, r0 + br))
+                mach.store("lse", lse[b, heads, r0:r0 + br], row_lse.reshape(group, br), STAT_BYTES,
+                           rows=(r0, r0 + br))
     return SimResult(o, lse, mach)
 
 
@@ -99,27 +100,28 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
     mach.kernel("flash1_fwd")
     o, l_hbm, m_hbm = np.empty(q.shape), np.empty(q.shape[:-1]), np.empty(q.shape[:-1])
     # line 2: initialize O = 0, l = 0, m = −inf in HBM
-    mach.store("O", o, 0.0, e)
-    mach.store("l", l_hbm, 0.0, STAT_BYTES)
-    mach.store("m", m_hbm, -np.inf, STAT_BYTES)
+    mach.store("O", o, 0.0, e, rows=(0, Nq))
+    mach.store("l", l_hbm, 0.0, STAT_BYTES, rows=(0, Nq))
+    mach.store("m", m_hbm, -np.inf, STAT_BYTES, rows=(0, Nq))
     tiles_of_block = [_n_tiles(r0, min(Br, Nq - r0), Nk, Bc, offset, causal) for r0 in range(0, Nq, Br)]
     for b in range(B):
         for hk in range(Hkv):
             heads = slice(hk * group, (hk + 1) * group)
             for j in range(math.ceil(Nk / Bc)):
                 c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
-                k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j")
-                v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j")
+                k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j", rows=(c0, c1))
+                v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j", rows=(c0, c1))
                 mach.alloc("S_ij", STAT_BYTES * group * Br * Bc)
                 for i, r0 in enumerate(range(0, Nq, Br)):
                     if j >= tiles_of_block[i]:
                         continue  # the tile lies wholly above this block's diagonal
                     br = min(Br, Nq - r0)
                     rows = group * br
-                    q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i").reshape(rows, d)
-                    o_i = mach.load("O", o[b, heads, r0:r0 + br], e, slot="O_i").reshape(rows, d)
-                    l_i = mach.load("l", l_hbm[b, heads, r0:r0 + br], STAT_BYTES, slot="l_i").reshape(rows)
-                    m_i = mach.load("m", m_hbm[b, heads, r0:r0 + br], STAT_BYTES, slot="m_i").reshape(rows)
+                    at = (r0, r0 + br)
+                    q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i", rows=at).reshape(rows, d)
+                    o_i = mach.load("O", o[b, heads, r0:r0 + br], e, slot="O_i", rows=at).reshape(rows, d)
+                    l_i = mach.load("l", l_hbm[b, heads, r0:r0 + br], STAT_BYTES, slot="l_i", rows=at).reshape(rows)
+                    m_i = mach.load("m", m_hbm[b, heads, r0:r0 + br], STAT_BYTES, slot="m_i", rows=at).reshape(rows)
                     s = np.where(_visible(r0, br, group, c0, c1, offset, causal), scale * (q_i @ k_j.T), -np.inf)
                     mach.compute("S = Q Kᵀ", 2 * rows * (c1 - c0) * d)
                     # lines 10-12: tile statistics, new running statistics, rescaled output
@@ -137,9 +139,9 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
                     mach.compute("P V", 2 * rows * (c1 - c0) * d)
                     num = (l_i * w_old)[:, None] * o_i + w_tile[:, None] * pv
                     o_new = np.where(l_new[:, None] > 0, num / np.where(l_new > 0, l_new, 1)[:, None], 0.0)
-                    mach.store("O", o[b, heads, r0:r0 + br], o_new.reshape(group, br, d), e)
-                    mach.store("l", l_hbm[b, heads, r0:r0 + br], l_new.reshape(group, br), STAT_BYTES)
-                    mach.store("m", m_hbm[b, heads, r0:r0 + br], m_new.reshape(group, br), STAT_BYTES)
+                    mach.store("O", o[b, heads, r0:r0 + br], o_new.reshape(group, br, d), e, rows=at)
+                    mach.store("l", l_hbm[b, heads, r0:r0 + br], l_new.reshape(group, br), STAT_BYTES, rows=at)
+                    mach.store("m", m_hbm[b, heads, r0:r0 + br], m_new.reshape(group, br), STAT_BYTES, rows=at)
     with np.errstate(divide="ignore"):
         lse = np.where(l_hbm > 0, m_hbm + np.log(np.where(l_hbm > 0, l_hbm, 1)), -np.inf)
     return SimResult(o, lse, mach)
@@ -164,14 +166,15 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
             heads = slice(hk * group, (hk + 1) * group)
             for r0 in range(0, Nq, Br):
                 br = min(Br, Nq - r0)
-                q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i").reshape(group * br, d)
+                q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i", rows=(r0, r0 + br)).reshape(group * br, d)
                 for c0 in range(0, Nk, Bc):
                     c1 = min(c0 + Bc, Nk)
-                    k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j")
+                    k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j", rows=(c0, c1))
                     mach.alloc("S_ij", e * group * br * (c1 - c0))
                     s = scale * (q_i @ k_j.T)
                     mach.compute("S = Q Kᵀ", 2 * group * br * (c1 - c0) * d)
-                    mach.store("S", s_hbm[b, heads, r0:r0 + br, c0:c1], s.reshape(group, br, c1 - c0), e)
+                    mach.store("S", s_hbm[b, heads, r0:r0 + br, c0:c1], s.reshape(group, br, c1 - c0), e,
+                               rows=(r0, r0 + br), cols=(c0, c1))
 
     visible_rows = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + offset if causal else None
     if separate_mask and causal:
@@ -179,8 +182,9 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
         for b in range(B):
             for h in range(Hq):
                 for i in range(Nq):
-                    row = mach.load("S", s_hbm[b, h, i], e, slot="row")
-                    mach.store("S", s_hbm[b, h, i], np.where(visible_rows[i], row, -np.inf), e)
+                    row = mach.load("S", s_hbm[b, h, i], e, slot="row", rows=(i, i + 1), cols=(0, Nk))
+                    mach.store("S", s_hbm[b, h, i], np.where(visible_rows[i], row, -np.inf), e, rows=(i, i + 1),
+                               cols=(0, Nk))
 
     mach.kernel("softmax")
     row_fits = STAT_BYTES * Nk <= sram_bytes
@@ -189,19 +193,20 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
             for i in range(Nq):
                 vis = visible_rows[i] if causal else np.ones(Nk, dtype=bool)
                 if row_fits:
-                    row = mach.load("S", s_hbm[b, h, i], e, slot="row")
+                    row = mach.load("S", s_hbm[b, h, i], e, slot="row", rows=(i, i + 1), cols=(0, Nk))
                     mach.alloc("row", STAT_BYTES * Nk)  # held as float32
                     row = np.where(vis, row, -np.inf)
                     m = row.max()
                     p = np.exp(row - m) if np.isfinite(m) else np.zeros(Nk)
                     l = p.sum()
-                    mach.store("P", p_hbm[b, h, i], p / l if l > 0 else p, e)
+                    mach.store("P", p_hbm[b, h, i], p / l if l > 0 else p, e, rows=(i, i + 1), cols=(0, Nk))
                     continue
                 # two passes over chunks of Bc: running max and sum, then normalize and write P
                 m, l = -np.inf, 0.0
                 for c0 in range(0, Nk, Bc):
                     c1 = min(c0 + Bc, Nk)
-                    chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk"), -np.inf)
+                    chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk",
+                                                           rows=(i, i + 1), cols=(c0, c1)), -np.inf)
                     mach.alloc("chunk", STAT_BYTES * Bc)
                     m_new = max(m, chunk.max())
                     if np.isfinite(m_new):
@@ -209,10 +214,11 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
                         m = m_new
                 for c0 in range(0, Nk, Bc):
                     c1 = min(c0 + Bc, Nk)
-                    chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk"), -np.inf)
+                    chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk",
+                                                           rows=(i, i + 1), cols=(c0, c1)), -np.inf)
                     mach.alloc("chunk", STAT_BYTES * Bc)
                     p = np.exp(chunk - m) / l if l > 0 else np.zeros(c1 - c0)
-                    mach.store("P", p_hbm[b, h, i, c0:c1], p, e)
+                    mach.store("P", p_hbm[b, h, i, c0:c1], p, e, rows=(i, i + 1), cols=(c0, c1))
 
     mach.kernel("pv")
     for b in range(B):
@@ -224,11 +230,12 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
                 acc = np.zeros((group * br, d))
                 for c0 in range(0, Nk, Bc):
                     c1 = min(c0 + Bc, Nk)
-                    p_ij = mach.load("P", p_hbm[b, heads, r0:r0 + br, c0:c1], e, slot="P_ij")
-                    v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j")
+                    p_ij = mach.load("P", p_hbm[b, heads, r0:r0 + br, c0:c1], e, slot="P_ij", rows=(r0, r0 + br),
+                                     cols=(c0, c1))
+                    v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j", rows=(c0, c1))
                     acc += p_ij.reshape(group * br, c1 - c0) @ v_j
                     mach.compute("O += P V", 2 * group * br * (c1 - c0) * d)
-                mach.store("O", o[b, heads, r0:r0 + br], acc.reshape(group, br, d), e)
+                mach.store("O", o[b, heads, r0:r0 + br], acc.reshape(group, br, d), e, rows=(r0, r0 + br))
     return SimResult(o, None, mach)
 
 

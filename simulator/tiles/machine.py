@@ -15,7 +15,13 @@ class SramOverflowError(RuntimeError):
 
 @dataclass(frozen=True)
 class Event:
-    """One step of the timeline: 'load', 'store', 'alloc', 'free' or 'compute'."""
+    """One step of the timeline: 'load', 'store', 'alloc', 'free' or 'compute'.
+
+    ``slot`` is the SRAM slot a load fills (its tensor's name by default). ``rows`` and ``cols`` say where a
+    transferred tile lies in its tensor, as (start, stop) positions within one (batch, head): ``rows`` along the
+    sequence axis (queries of Q, O, S, P and the statistics, keys of K and V), ``cols`` along the keys of S and P;
+    None where the schedule did not say.
+    """
 
     op: str
     kernel: str
@@ -23,6 +29,9 @@ class Event:
     nbytes: int = 0
     flops: int = 0
     sram_used: int = 0
+    slot: str = ""
+    rows: tuple | None = None
+    cols: tuple | None = None
 
 
 @dataclass
@@ -61,9 +70,10 @@ class Machine:
                                     f"over the {self.sram_bytes} available")
         self.sram_peak_bytes = max(self.sram_peak_bytes, used)
 
-    def _event(self, op, name, nbytes=0, flops=0):
+    def _event(self, op, name, nbytes=0, flops=0, slot="", rows=None, cols=None):
         if self.record_timeline:
-            self.timeline.append(Event(op, self._kernel, name, int(nbytes), int(flops), self.sram_used))
+            self.timeline.append(Event(op, self._kernel, name, int(nbytes), int(flops), self.sram_used, slot,
+                                       rows, cols))
 
     def alloc(self, slot: str, nbytes: int) -> None:
         self._hold(slot, nbytes)
@@ -73,20 +83,21 @@ class Machine:
         self._slots.pop(slot, None)
         self._event("free", slot)
 
-    def load(self, tensor: str, tile, elem_bytes: int, slot: str | None = None):
-        """Copy ``tile`` (a view of an HBM array) into SRAM slot ``slot`` (default: the tensor's name)."""
+    def load(self, tensor: str, tile, elem_bytes: int, slot: str | None = None, rows=None, cols=None):
+        """Copy ``tile`` (a view of an HBM array) into SRAM slot ``slot`` (default: the tensor's name); ``rows``
+        and ``cols`` (see ``Event``) only label the timeline."""
         nbytes = int(tile.size) * elem_bytes
         self._hold(slot or tensor, nbytes)
         self.reads[tensor] = self.reads.get(tensor, 0) + nbytes
-        self._event("load", tensor, nbytes)
+        self._event("load", tensor, nbytes, slot=slot or tensor, rows=rows, cols=cols)
         return tile.copy()
 
-    def store(self, tensor: str, destination, value, elem_bytes: int) -> None:
-        """Write ``value`` from SRAM into ``destination`` (a view of an HBM array)."""
+    def store(self, tensor: str, destination, value, elem_bytes: int, rows=None, cols=None) -> None:
+        """Write ``value`` from SRAM into ``destination`` (a view of an HBM array); ``rows``, ``cols`` as ``load``."""
         destination[...] = value
         nbytes = int(destination.size) * elem_bytes
         self.writes[tensor] = self.writes.get(tensor, 0) + nbytes
-        self._event("store", tensor, nbytes)
+        self._event("store", tensor, nbytes, rows=rows, cols=cols)
 
     def compute(self, what: str, flops: int) -> None:
         self.flops += int(flops)

@@ -20,6 +20,7 @@ def test_case_has_the_length_and_the_needle_at_its_depth(n_tokens, depth):
     text = bytes(case.ids).decode()
     needle = passkey._needle(case.passkey).encode()
     assert bytes(case.ids[case.needle_position:case.needle_position + len(needle)]) == needle
+    assert case.needle_length == len(needle)
     assert text.count(case.passkey) == 2  # only the needle holds it; the filler has no digits
     head = len(byte_encode(text[:text.index(passkey.INSTRUCTION)] + passkey.INSTRUCTION + "\n"))
     hay = n_tokens - head - len(needle) - len(byte_encode(text[text.rindex(passkey.QUESTION) - 1:]))
