@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--quick", action="store_true", help="small sizes; no ncu or sanitizer runs")
     gpu.set_defaults(func=_gpu_check)
 
-    from .explain._runner import add_subcommand as add_explain
+    from .explain import add_subcommand as add_explain
 
     add_explain(commands, _hardware, _positive)
     return parser

@@ -37,3 +37,5 @@ def run_topic(name: str, out=None, emit=None, **options):
 
 
 __all__ = ["TOPICS", "run_topic", "topic_module"]
+
+from ._runner import add_subcommand  # noqa: E402  (the CLI's "explain" subcommand; it needs the names above)

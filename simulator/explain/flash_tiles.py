@@ -239,7 +239,7 @@ def run(lesson, *, seed=0, tile=8):
     lesson.heading("The schedules, step by step")
     lesson.table(["algorithm", "steps", "kernels", "SRAM peak bytes", "largest difference from the oracle"],
                  [[LABELS[name], len(replays[name]), len({f.kernel for f in replays[name]}),
-                   f"{r.machine.sram_peak:,}", num(np.abs(r.output - oracle).max(), 2)]
+                   f"{r.machine.sram_peak_bytes:,}", num(np.abs(r.output - oracle).max(), 2)]
                   for name, (r, _) in results.items()])
     lesson.say("In each frame a filled tile is in SRAM, a green edge was just loaded, a red edge just stored; the "
                "bars count the bytes moved so far. The last frame's bars are the totals above.")

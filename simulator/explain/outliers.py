@@ -19,10 +19,9 @@ N_OUT = 4  # output features of the example's weight
 
 
 def int8_weight(w_in_out):
-    """The weight as ``kernels.int8`` takes it, from (in, out) = (K, N). The one place this lesson shapes an int8
-    weight: ``kernels.int8`` takes (K, N) today; if its layout becomes (out, in), as torch's F.linear, transpose
-    here."""
-    return np.ascontiguousarray(w_in_out, dtype=np.float32)
+    """The weight as ``kernels.int8`` takes it, (out, in) = (N, K) as torch's F.linear, from the (in, out) = (K, N)
+    that the lesson's products x · W are written with (the one place this lesson shapes an int8 weight)."""
+    return np.ascontiguousarray(np.asarray(w_in_out, dtype=np.float32).T)  # (N, K)
 
 
 def quantize_table(x):
