@@ -61,7 +61,11 @@ def clamp(x, lo, hi):
 
 
 def exp_row(s, p, n, m, c):
-    """p[j] ← exp(s[j]·c − m) for j < n, and return their sum (compiled by the overload below).
+    """p[j] ← exp((s[j] − m)·c) for j < n, and return their sum (compiled by the overload below).
+
+    m is a reference score in the units of s (a running maximum), c > 0 the softmax scale. The difference is taken
+    before the scaling: at the maximum it is exactly 0, whatever the magnitude of s·c (computed as s·c − m·c, a
+    fused multiply-add keeps the rounding error of m·c, ~1e3 at |s·c| ~ 1e10 in float32, far beyond exp's range).
 
     exp(x) = 2^r · exp(f), r = round(x·log2 e), f = x − r·ln 2 in [−ln2/2, ln2/2]: 2^r is built straight in the
     exponent bits of a float (IEEE 754), exp(f) is its Taylor polynomial, degree 6 for float32 (truncation error
@@ -76,7 +80,7 @@ def _exp_row_f32(s, p, n, m, c):
     c32, m32 = np.float32(c), np.float32(m)  # keep the loop in float32 (a float64 m would widen every lane)
     total = np.float32(0.0)
     for j in range(n):
-        x = clamp(s[j] * c32 - m32, np.float32(EXP_MIN_F32), np.float32(EXP_MAX_F32))
+        x = clamp((s[j] - m32) * c32, np.float32(EXP_MIN_F32), np.float32(EXP_MAX_F32))
         r = np.floor(x * np.float32(LOG2E) + np.float32(0.5))  # round(x · log2 e), kept in float32
         f = x - r * np.float32(LN2_HI_F32) - r * np.float32(LN2_LO_F32)  # x − r·ln2 in [-ln2/2, ln2/2]
         poly = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
@@ -91,7 +95,7 @@ def _exp_row_f32(s, p, n, m, c):
 def _exp_row_f64(s, p, n, m, c):
     total = 0.0
     for j in range(n):
-        x = clamp(s[j] * c - m, EXP_MIN_F64, EXP_MAX_F64)
+        x = clamp((s[j] - m) * c, EXP_MIN_F64, EXP_MAX_F64)
         r = np.floor(x * LOG2E + 0.5)  # round(x · log2 e)
         f = x - r * LN2_HI_F64 - r * LN2_LO_F64  # x − r·ln2 in [-ln2/2, ln2/2]
         poly = 1.0 / 479001600.0  # 1/12!, then Horner down to 1/0!

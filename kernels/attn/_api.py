@@ -195,10 +195,18 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     -----
     float32 and float64 compute in their own precision; float16 is computed in float32 and returned as float16.
 
-    NaN propagates to exactly the rows it touches, as in the oracle ``kernels.attn.reference``: a NaN in row i of
-    ``q`` makes output row i NaN; a NaN in key or value row j makes NaN every query row that sees key j (all rows
-    without ``causal``), and no other row. An inf in ``q`` or ``k`` gives scores of ±inf: a score of +inf makes
-    its row NaN (inf − inf in the softmax), a score of −inf gives its key zero weight.
+    NaN, ±inf and extreme scales follow one contract, the oracle's (``kernels.attn.reference``), on every
+    algorithm, backend, tile size and split-KV count:
+
+    - NaN propagates to exactly the rows it touches: a NaN in row i of ``q`` makes output row i (and its lse)
+      NaN; a NaN in key or value row j makes NaN every query row that sees key j (all rows without ``causal``),
+      and no other row: a key that the causal mask hides never reaches a row, whatever its values.
+    - An inf in ``q`` or ``k`` gives scores of ±inf: a score of +inf makes its row NaN (inf − inf in the softmax);
+      a score of −inf gives its key zero weight. A row whose every visible score is −inf is a fully masked row:
+      zeros and lse −inf, like a row that sees no key (never NaN).
+    - Any finite ``scale`` > 0: the row maximum is subtracted before scaling, so a scaled score far beyond the
+      dtype's exp range (``scale=1e9`` in float32) still gives the exact softmax (a one-hot row); only lse, a
+      value of the scaled scores, overflows to ±inf where it exceeds the dtype.
 
     References: Dao et al., "FlashAttention", NeurIPS 2022; Dao, "FlashAttention-2", 2023 (Algorithm 1).
     """

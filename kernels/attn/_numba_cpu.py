@@ -49,6 +49,15 @@ def _all_finite(x):
 
 
 @njit(inline="always", fastmath=FASTMATH)
+def _has_nan(s, n):
+    """True if one of s[0:n] is NaN."""
+    for j in range(n):
+        if s[j] != s[j]:
+            return True
+    return False
+
+
+@njit(inline="always", fastmath=FASTMATH)
 def _row_max(s, n, m):
     """max(m, s[0:n]); a NaN in s does not enter the max, it propagates through exp later."""
     for j in range(n):
@@ -95,8 +104,8 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
         for g in range(group):
             q_i[g * br:(g + 1) * br] = q[b, hk * group + g, r0:r0 + br]
         o_acc = np.zeros((rows, d), dtype=dt)  # unnormalized output O_i
-        m_i = np.full(rows, -np.inf, dtype=dt)  # running reference maximum, in scaled units
-        l_i = np.zeros(rows, dtype=dt)  # running sum of exp(scale·S − m_i)
+        m_i = np.full(rows, -np.inf, dtype=dt)  # running reference maximum of S (unscaled); -inf: none yet
+        l_i = np.zeros(rows, dtype=dt)  # running sum of exp(scale·(S − m_i))
         s_buf = np.empty(rows * Bc, dtype=dt)
         p_buf = np.empty(rows * Bc, dtype=dt)
         pv = np.empty((rows, d), dtype=dt)
@@ -120,18 +129,28 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                     p_row[:] = 0.0
                     alpha[r] = 1.0
                     continue
-                # online softmax: P_ij = exp(scale·S_ij − m), against the running maximum m of earlier blocks
+                # online softmax: P_ij = exp(scale·(S_ij − m)), against the running maximum m of earlier blocks
                 # (m_i is read back after each store, so that exp and alpha see the same rounded value)
                 m_old = m_i[r]
-                if m_old == -np.inf:  # the row's first block: take its maximum
-                    m_i[r] = _row_max(s_row, n_vis, -np.inf) * scale
+                if m_old == -np.inf:  # no reference yet (the row's first block with a score above -inf)
+                    m_block = _row_max(s_row, n_vis, -np.inf)
+                    if m_block == -np.inf:
+                        # every visible score is -inf (zero weight: as if masked) or NaN: the block adds nothing,
+                        # but a NaN poisons the row (sum and output), as in the oracle
+                        nan = _has_nan(s_row, n_vis)
+                        p_row[:] = np.nan if nan else 0.0
+                        if nan:
+                            l_i[r] = np.nan
+                        alpha[r] = 1.0
+                        continue
+                    m_i[r] = m_block
                 row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
                 if not row_sum <= RESCALE_LIMIT:  # a new score beats the maximum by far (or inf): move m_i
-                    m_i[r] = max(m_i[r], _row_max(s_row, n_vis, -np.inf) * scale)
+                    m_i[r] = max(m_i[r], _row_max(s_row, n_vis, -np.inf))
                     row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
                 p_row[n_vis:] = 0.0
-                # rescale factor of the old state: exp(m_old − m_new); 0 for the first block, 1 if m stays
-                alpha[r] = math.exp(m_old - m_i[r])
+                # rescale factor of the old state: exp(scale·(m_old − m_new)); 0 after no reference, 1 if m stays
+                alpha[r] = math.exp((m_old - m_i[r]) * scale)
                 l_i[r] = alpha[r] * l_i[r] + row_sum
             # O_i ← diag(alpha) O_i + P_ij V_j
             if masked_v_nonfinite:
@@ -150,7 +169,8 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                     for c in range(d):
                         o_acc[r, c] = alpha[r] * o_acc[r, c] + pv[r, c]
 
-        # epilogue: O = diag(l_i)^-1 O_i, lse = m_i + log l_i; a row that saw no key gives 0 and -inf
+        # epilogue: O = diag(l_i)^-1 O_i, lse = scale·m_i + log l_i; a row that saw no key, or only scores of
+        # -inf, gives 0 and -inf
         for r in range(rows):
             h = hk * group + r // br
             row = r0 + r % br
@@ -165,7 +185,7 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                 inv = 1.0 / l_i[r]
                 for c in range(d):
                     out[c] = o_acc[r, c] * inv
-                out_lse[row] = m_i[r] + math.log(l_i[r])
+                out_lse[row] = m_i[r] * scale + math.log(l_i[r])
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -177,10 +197,15 @@ def combine_splits(o_part, lse_part, o, lse):
         h = (row // Nq) % Hq
         b = row // (Nq * Hq)
         m = -np.inf
+        nan = False
         for sp in range(n_splits):
             x = lse_part[sp, b, h, i]
-            if not x <= m:  # also takes a NaN, which then propagates
-                m = x
+            nan = nan or x != x
+            m = max(m, x)
+        if nan:  # a split whose keys gave NaN: the row is NaN whatever the other splits saw
+            o[b, h, i, :] = np.nan
+            lse[b, h, i] = np.nan
+            continue
         if m == -np.inf:
             o[b, h, i, :] = 0.0
             lse[b, h, i] = -np.inf

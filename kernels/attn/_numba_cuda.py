@@ -88,8 +88,9 @@ def _flash_kernel(D: int, BR: int, BC: int, dtype: str):
             q_s[i, c] = q[b, h, r0 + i, c] if r0 + i < Nq else fl(0.0)
         for c in range(D):
             acc[c] = fl(0.0)
-        m = fl(-math.inf)  # running max of this row's scores
-        l = fl(0.0)  # running Σ e^{s_j − m}
+        m = fl(-math.inf)  # running max of this row's scores (unscaled)
+        l = fl(0.0)  # running Σ e^{scale·(s_j − m)}
+        nan = False  # a NaN score poisons the row (the device's max drops NaN, so it is tracked here)
 
         # the keys this block works on: its split of [0, k_end), where k_end stops at the last key the tile's
         # last row can see under the causal mask (tiles beyond it are skipped, not loaded)
@@ -117,35 +118,47 @@ def _flash_kernel(D: int, BR: int, BC: int, dtype: str):
                     dot = fl(0.0)
                     for c in range(D):
                         dot += q_s[t, c] * k_s[j, c]
-                    s = dot * scale
+                    s = dot  # unscaled: the max is subtracted before scaling, so no scale overflows a row
                 p[j] = s
-                m_tile = max(m_tile, s)
+                if s != s:
+                    nan = True
+                elif s > m_tile:
+                    m_tile = s
             m_new = max(m, m_tile)
-            if m_new > -math.inf:  # this row sees a key in this tile, or saw one before
-                alpha = math.exp(m - m_new)  # rescales what was summed under the old max (0 before any key)
+            # the keys of this tile that this row sees: masked ones stay out of P·V, so that a NaN in a masked
+            # v row does not reach it (0 · NaN = NaN)
+            j_end = min(BC, k_stop - j0)
+            if causal:
+                j_end = max(0, min(j_end, row + offset - j0 + 1))
+            if m_new > -math.inf:  # this row sees a finite score in this tile, or saw one before
+                alpha = math.exp((m - m_new) * scale)  # rescales what was summed under the old max (0 before)
                 l_tile = fl(0.0)
-                for j in range(BC):
-                    p[j] = math.exp(p[j] - m_new)
+                for j in range(j_end):
+                    p[j] = math.exp((p[j] - m_new) * scale)  # a score of +inf gives inf − inf = NaN, as the oracle
                     l_tile += p[j]
                 l = l * alpha + l_tile
                 for c in range(D):
                     a = acc[c] * alpha
-                    for j in range(BC):
+                    for j in range(j_end):
                         a += p[j] * v_s[j, c]
                     acc[c] = a
                 m = m_new
             cuda.syncthreads()  # everyone is done with this K/V tile before the next one overwrites it
 
         if row < Nq:
-            if l > 0.0:
-                inv = fl(1.0) / l
+            if nan:
                 for c in range(D):
-                    o_part[split, b, h, row, c] = acc[c] * inv
-                lse_part[split, b, h, row] = m + math.log(l)
-            else:  # no visible key (in this split): zeros and lse = −inf, never NaN
+                    o_part[split, b, h, row, c] = fl(math.nan)
+                lse_part[split, b, h, row] = fl(math.nan)
+            elif l == 0.0:  # no visible key, or only scores of −inf (in this split): zeros and lse = −inf
                 for c in range(D):
                     o_part[split, b, h, row, c] = fl(0.0)
                 lse_part[split, b, h, row] = -math.inf
+            else:  # l > 0, or NaN (a score of +inf), which propagates
+                inv = fl(1.0) / l
+                for c in range(D):
+                    o_part[split, b, h, row, c] = acc[c] * inv
+                lse_part[split, b, h, row] = m * scale + math.log(l)
 
     return flash_forward_kernel
 
@@ -164,8 +177,18 @@ def _combine_kernel():
         h = (idx // N) % H
         i = idx % N
         top = -math.inf
+        nan = False
         for s in range(S):
-            top = max(top, lse_part[s, b, h, i])
+            x = lse_part[s, b, h, i]
+            if x != x:
+                nan = True
+            elif x > top:
+                top = x
+        if nan:  # a split whose keys gave NaN: the row is NaN whatever the others saw
+            for c in range(D):
+                o[b, h, i, c] = math.nan
+            lse[b, h, i] = math.nan
+            return
         if top == -math.inf:
             for c in range(D):
                 o[b, h, i, c] = 0.0
@@ -235,8 +258,8 @@ def _standard_kernels(T: int, THREADS: int, dtype: str):
     fl = np.dtype(dtype).type
 
     @cuda.jit
-    def scores_kernel(q, k, s, scale, causal):
-        """S[b, h, i, j] = scale · q_i · k_j, or −inf where the causal mask hides j. Grid (⌈Nk/T⌉, ⌈Nq/T⌉,
+    def scores_kernel(q, k, s, causal):
+        """S[b, h, i, j] = q_i · k_j (unscaled), or −inf where the causal mask hides j. Grid (⌈Nk/T⌉, ⌈Nq/T⌉,
         B · Hq), T × T threads; T × T tiles of Q and K in shared memory, stepping over d."""
         Hq, Nq, d = q.shape[1], q.shape[2], q.shape[3]
         Hkv, Nk = k.shape[1], k.shape[2]
@@ -259,35 +282,50 @@ def _standard_kernels(T: int, THREADS: int, dtype: str):
                 acc += q_s[ty, c] * k_s[tx, c]
             cuda.syncthreads()
         if i < Nq and j < Nk:
-            s[b, h, i, j] = acc * scale if not causal or j <= i + Nk - Nq else fl(-math.inf)
+            s[b, h, i, j] = acc if not causal or j <= i + Nk - Nq else fl(-math.inf)
 
     @cuda.jit
-    def softmax_kernel(s, lse):
-        """P = softmax(S) in place, one block of THREADS threads per row of s (rows, Nk); a row with no visible
-        key becomes zeros (lse −inf)."""
+    def softmax_kernel(s, lse, scale):
+        """P = softmax(scale · S) in place, one block of THREADS threads per row of s (rows, Nk), the max subtracted
+        before scaling; a row with no visible key, or only scores of −inf, becomes zeros (lse −inf); a NaN score
+        makes the row NaN (counted apart: the device's max drops NaN)."""
         row = cuda.blockIdx.x
         t = cuda.threadIdx.x
         n = s.shape[1]
         red = cuda.shared.array(THREADS, ftype)
         m = fl(-math.inf)
+        nans = fl(0.0)
         for j in range(t, n, THREADS):
-            m = max(m, s[row, j])
+            x = s[row, j]
+            if x != x:
+                nans += fl(1.0)
+            elif x > m:
+                m = x
         m = block_max(red, m)
+        nans = block_sum(red, nans)
         total = fl(0.0)
         if m > -math.inf:
             for j in range(t, n, THREADS):
-                e = math.exp(s[row, j] - m)
+                e = math.exp((s[row, j] - m) * scale)
                 s[row, j] = e
                 total += e
         total = block_sum(red, total)
         for j in range(t, n, THREADS):
-            s[row, j] = s[row, j] / total if total > 0.0 else fl(0.0)
+            if nans > 0.0:
+                s[row, j] = fl(math.nan)
+            else:
+                s[row, j] = s[row, j] / total if total != 0.0 else fl(0.0)
         if t == 0:
-            lse[row] = m + math.log(total) if total > 0.0 else -math.inf
+            if nans > 0.0:
+                lse[row] = math.nan
+            else:
+                lse[row] = m * scale + math.log(total) if total != 0.0 else -math.inf
 
     @cuda.jit
-    def pv_kernel(p, v, o):
-        """O[b, h, i, c] = Σ_j P[b, h, i, j] · v[b, kv(h), j, c]. Grid (⌈d/T⌉, ⌈Nq/T⌉, B · Hq), T × T threads."""
+    def pv_kernel(p, v, o, lse, causal):
+        """O[b, h, i, c] = Σ_j P[b, h, i, j] · v[b, kv(h), j, c] over the keys row i sees (a masked key's P is 0,
+        but a NaN in its v row must not reach the row: 0 · NaN = NaN); 0 for a row with no weight anywhere
+        (lse −inf). Grid (⌈d/T⌉, ⌈Nq/T⌉, B · Hq), T × T threads."""
         Hq, Nq, Nk = p.shape[1], p.shape[2], p.shape[3]
         Hkv, d = v.shape[1], v.shape[3]
         tx = cuda.threadIdx.x
@@ -305,10 +343,11 @@ def _standard_kernels(T: int, THREADS: int, dtype: str):
             v_s[ty, tx] = v[b, hk, j0 + ty, c] if j0 + ty < Nk and c < d else fl(0.0)
             cuda.syncthreads()
             for j in range(T):
-                acc += p_s[ty, j] * v_s[j, tx]
+                if not causal or j0 + j <= i + Nk - Nq:
+                    acc += p_s[ty, j] * v_s[j, tx]
             cuda.syncthreads()
         if i < Nq and c < d:
-            o[b, h, i, c] = acc
+            o[b, h, i, c] = acc if lse[b, h, i] > -math.inf or lse[b, h, i] != lse[b, h, i] else fl(0.0)
 
     return scores_kernel, softmax_kernel, pv_kernel
 
@@ -338,7 +377,8 @@ def standard_forward(q, k, v, scale, causal, tile=None, threads=None):
         fill(o, 0.0)
         fill(lse, -math.inf)
         return o, lse
-    scores[(math.ceil(Nk / T), math.ceil(Nq / T), B * Hq), (T, T)](q, k, s, np.dtype(q.dtype).type(scale), causal)
-    softmax[B * Hq * Nq, threads](s.reshape(B * Hq * Nq, Nk), lse.reshape(B * Hq * Nq))
-    pv[(math.ceil(d / T), math.ceil(Nq / T), B * Hq), (T, T)](s, v, o)
+    scores[(math.ceil(Nk / T), math.ceil(Nq / T), B * Hq), (T, T)](q, k, s, causal)
+    softmax[B * Hq * Nq, threads](s.reshape(B * Hq * Nq, Nk), lse.reshape(B * Hq * Nq),
+                                  np.dtype(q.dtype).type(scale))
+    pv[(math.ceil(d / T), math.ceil(Nq / T), B * Hq), (T, T)](s, v, o, lse, causal)
     return o, lse

@@ -43,12 +43,16 @@ def reference(q, k, v, *, causal=False, scale=None, return_lse=False):
         if n_visible <= 0:
             continue  # sees no key: output 0, lse -inf
         s = np.einsum("bhd,bhjd->bhj", q64[:, :, i, :], k64[:, :, :n_visible, :]) * scale  # (B, Hq, n_visible)
-        m = s.max(axis=-1, keepdims=True)  # (B, Hq, 1)
+        m = s.max(axis=-1, keepdims=True)  # (B, Hq, 1); NaN if a score is NaN
+        seen = ~np.isneginf(m[..., 0])  # (B, Hq); every score -inf: zero weight everywhere, as if no key
+        m = np.where(np.isneginf(m), 0.0, m)
         with np.errstate(invalid="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
             p = np.exp(s - m)  # (B, Hq, n_visible)
         l = p.sum(axis=-1)  # (B, Hq)
-        o[:, :, i, :] = np.einsum("bhj,bhjd->bhd", p, v64[:, :, :n_visible, :]) / l[..., None]  # (B, Hq, d)
-        lse[:, :, i] = m[..., 0] + np.log(l)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            o_i = np.einsum("bhj,bhjd->bhd", p, v64[:, :, :n_visible, :]) / l[..., None]  # (B, Hq, d)
+            o[:, :, i, :] = np.where(seen[..., None], o_i, 0.0)
+            lse[:, :, i] = np.where(seen, m[..., 0] + np.log(l), -np.inf)
     o = o.reshape(shape)
     lse = lse.reshape(shape[:-1])
     return (o, lse) if return_lse else o

@@ -30,21 +30,22 @@ def standard_forward(q, k, v, scale, causal):
     # GQA: the query heads of one group are stacked as rows against their shared kv head
     q_g = q.reshape(B * Hkv, group * Nq, d)  # (B·Hkv, group·Nq, d)
     s = batched_matmul(q_g, k.reshape(B * Hkv, Nk, d), transpose_b=True).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ
-    s *= scale
     visible = None
     if causal:
         # bottom-right alignment: query i sees keys j <= i + Nk - Nq
         visible = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)  # (Nq, Nk)
         np.copyto(s, -np.inf, where=~visible)
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (B, Hq, Nq, 1); -inf when there are no keys
-    m = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)  # a row that sees no key: P = 0, not exp(-inf + inf)
-    with np.errstate(invalid="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
+    # a row that sees no key, or whose every score is -inf, has P = 0 (not exp(-inf + inf)) and gives zeros
+    m = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
         p = np.subtract(s, m)  # P is a second (B, Hq, Nq, Nk) array, as in the unfused algorithm
+        p *= scale  # scale·(S − max S): the max subtracted first, so that no scale overflows a finite row
     del s
     np.exp(p, out=p)
     l = p.sum(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
-    with np.errstate(divide="ignore"):  # log(0) = -inf for a row that sees no key
-        lse = (m + np.log(l))[..., 0]  # (B, Hq, Nq)
+    with np.errstate(divide="ignore", over="ignore"):  # log(0) = -inf for a row that sees no key
+        lse = (m.astype(np.float64) * scale + np.log(l)).astype(p.dtype)[..., 0]  # (B, Hq, Nq)
     l_safe = np.where(l == 0.0, 1.0, l).astype(p.dtype)
     p /= l_safe
     p_g = p.reshape(B * Hkv, group * Nq, Nk)  # (B·Hkv, group·Nq, Nk)
@@ -55,4 +56,5 @@ def standard_forward(q, k, v, scale, causal):
         for i in range(Nq):
             n_vis = int(visible[i].sum())
             o[:, :, i, :] = np.einsum("bhj,bhjd->bhd", p[:, :, i, :n_vis], v_h[:, :, :n_vis, :])
+    np.copyto(o, 0.0, where=(l == 0.0))  # rows with no weight anywhere: zeros, even beside a NaN in v (0 · NaN)
     return o, lse

@@ -92,6 +92,6 @@ def accumulated_attention(q, k, scale, block, out):
                 m = -np.inf
                 for j in range(n_vis):
                     m = max(m, row[j])
-                inv = 1.0 / exp_row(row, row, n_vis, m * scale, scale)  # the flash kernel's vectorized exp
+                inv = 1.0 / exp_row(row, row, n_vis, m, scale)  # the flash kernel's vectorized exp
                 for j in range(n_vis):
                     out[b, h, j] += row[j] * inv

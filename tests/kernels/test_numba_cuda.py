@@ -224,3 +224,27 @@ def test_snapkv_errors_match_the_cpu(rng, kwargs, exc, pattern):
     for backend in ("cpu", "numba-cuda"):
         with pytest.raises(exc, match=pattern):
             kvprune.snapkv_compress(q, k, v, **{"backend": backend, **kwargs})
+
+
+@pytest.mark.parametrize("case", ["nan-q", "nan-k", "nan-v-masked", "-inf-key-tiles", "-inf-everywhere",
+                                  "+inf-score", "huge-scale"])
+@pytest.mark.parametrize("algorithm, multiprocessors", [("flash", 1), ("flash", 64), ("standard", 1)],
+                         ids=["flash-unsplit", "flash-split-kv", "standard"])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator runs the kernels' inf − inf in NumPy scalars
+def test_nan_inf_and_extreme_scales_follow_the_oracle(rng, monkeypatch, case, algorithm, multiprocessors):
+    # the contract of kernels.attention (Notes) on this tier, causal (masked and visible keys): the device's max
+    # drops NaN, so NaN is tracked apart; the split count is forced through the multiprocessor count it reads
+    from kernels.attn import _numba_cuda
+    from tests.kernels.test_attn import _edge_inputs
+
+    monkeypatch.setattr(_numba_cuda, "_multiprocessors", lambda: multiprocessors)
+    q, k, v, scale = _edge_inputs(rng, case, 3, 24 * BIG)
+    if case == "-inf-key-tiles":  # (the CPU case masks 100 keys; here the first half)
+        k[..., 0] = rng.standard_normal(k.shape[:-1]).astype(np.float32)
+        k[:, :, : k.shape[2] // 2, 0] = -np.inf
+    ref, ref_lse = reference(q, k, v, causal=True, scale=scale, return_lse=True)
+    blocks = {"block_q": 4, "block_k": 8} if algorithm == "flash" else {}
+    o, lse = kernels.attention(q, k, v, causal=True, scale=scale, algorithm=algorithm, backend="numba-cuda",
+                               return_lse=True, **blocks)
+    assert_close(o, ref, "float32")
+    assert_close(lse, ref_lse, "float32", scale=np.abs(ref_lse[np.isfinite(ref_lse)]).max(initial=1.0))
