@@ -12,8 +12,9 @@ Every case runs in a worker process (``worker.py``) under a time limit; a case t
 hangs or leaves a sticky CUDA error is a row saying so, and the next case runs in a fresh process. A global
 deadline (``--deadline-s``, 420 s by default) is shared among the parts in order of priority
 (``plan.part_budget``); what it cuts is a "skipped" row. A missing package (numba-cuda, torch, bitsandbytes) or
-tool (ncu, compute-sanitizer) skips only the rows that need it. Files: one CSV per part, ``index.md``, ``gpu_check.png`` and ``gpu_check.log`` (the
-workers' error output): eight files at most, what a lent machine sends back.
+tool (ncu, compute-sanitizer) skips only the rows that need it. Files: one CSV per part, ``index.md``,
+``gpu_check.png`` and ``gpu_check.log`` (the workers' error output): eight files at most, what a lent machine sends
+back.
 """
 from __future__ import annotations
 

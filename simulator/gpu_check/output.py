@@ -28,8 +28,8 @@ INTROS = {
                    "rule (error <= 2 × the same attention done plainly in that precision + half an ulp of the "
                    "output's scale; `kernels.attn.within_tolerance`), int8 and SnapKV exactly.",
     "benchmarks": "CUDA events around `calls_per_timing` back-to-back calls, median of the repeats per call; "
-                  "inputs rotated past 4 × L2. TFLOP/s = 4·Nq·Nk·d·B·H / t over the visible pairs (attention), 2·M·N·K / t "
-                  "(matmuls); GB/s = K and V bytes / t (decode).",
+                  "inputs rotated past 4 × L2. TFLOP/s = 4·Nq·Nk·d·B·H / t over the visible pairs (attention), "
+                  "2·M·N·K / t (matmuls); GB/s = K and V bytes / t (decode).",
     "sanitizer": "compute-sanitizer on `python -m simulator.gpu_probe PROBE --small --no-pool`; a run counts only "
                  "with the probe's completion line and the tool's ERROR SUMMARY.",
     "dram_bytes": "ncu --clock-control none --cache-control all, dram__bytes_read.sum + dram__bytes_write.sum over "
