@@ -33,22 +33,54 @@ def _module(path: str, name_expressions: tuple[str, ...], options: tuple[str, ..
 
 def kernel(source: Path, name_expression: str, all_names: tuple[str, ...], options: tuple[str, ...] = ()):
     """The kernel ``name_expression`` (e.g. ``"ioaware::flash_forward<__half, 64, 64, 64>"``) of ``source``,
-    compiled together with ``all_names`` (every instance the launcher may ask the file for)."""
-    return _module(str(source), tuple(all_names), tuple(options)).get_function(name_expression)
+    compiled together with ``all_names`` (every instance the launcher may ask the file for), for the current
+    device; fetched once (``RawModule.get_function`` costs tens of µs a call)."""
+    return _function(str(source), name_expression, tuple(all_names), tuple(options), require_cupy().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _function(path: str, name_expression: str, all_names: tuple[str, ...], options: tuple[str, ...], device: int):
+    return _module(path, all_names, options).get_function(name_expression)
+
+
+@functools.lru_cache(maxsize=None)
+def _attribute(name: str, device: int) -> int:
+    cupy = require_cupy()
+    return int(cupy.cuda.runtime.deviceGetAttribute(getattr(cupy.cuda.runtime, name), device))
 
 
 def compute_capability() -> int:
     """The current device's compute capability as an int (90 for an H100/H200, 80 for an A100)."""
-    cupy = require_cupy()
-    return int(cupy.cuda.Device().compute_capability)
+    device = require_cupy().cuda.Device().id
+    return 10 * _attribute("cudaDevAttrComputeCapabilityMajor", device) + _attribute(
+        "cudaDevAttrComputeCapabilityMinor", device)
 
 
 def shared_memory_optin() -> int:
     """The most dynamic shared memory one block may opt into on the current device (227 KiB on sm_90; CUDA C++
     Programming Guide, "Technical Specifications per Compute Capability")."""
+    return _attribute("cudaDevAttrMaxSharedMemoryPerBlockOptin", require_cupy().cuda.Device().id)
+
+
+def multiprocessor_count() -> int:
+    """The current device's multiprocessors (132 on an H100 SXM or H200, as the device reports them)."""
+    return _attribute("cudaDevAttrMultiProcessorCount", require_cupy().cuda.Device().id)
+
+
+def check_launch_array(name: str, x, dtype, shape: tuple, align: int = 16) -> None:
+    """Refuse what a bare launcher cannot take: not a CuPy array, another dtype or shape, not C-contiguous, or a
+    data pointer off ``align`` bytes (the kernels read rows with 16-byte cp.async copies)."""
     cupy = require_cupy()
-    attribute = cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin
-    return int(cupy.cuda.runtime.deviceGetAttribute(attribute, cupy.cuda.Device().id))
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError(f"{name} must be a CuPy array; got {type(x).__name__}")
+    if x.dtype != np.dtype(dtype):
+        raise TypeError(f"{name} must be {np.dtype(dtype)}; got {x.dtype}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}; got {tuple(x.shape)}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (a view with strides {x.strides} was passed)")
+    if x.size and x.data.ptr % align:
+        raise ValueError(f"{name}'s data must start on a {align}-byte boundary (its pointer is {x.data.ptr:#x})")
 
 
 def check_shared_memory(nbytes: int, what: str) -> None:

@@ -46,11 +46,18 @@ def snapkv_scores(qw, k, kernel_size: int, pooling: str, gqa: str):
 
 
 def select_and_gather(scores, k, v, n_keep: int, window: int):
-    """Top ``n_keep`` prefix positions per head (ties to the lower position) and the window, and their K and V
-    rows; scores (B, H, N − w) float32, k and v (B, Hkv, N, d) of a 2- or 4-byte dtype. Returns (k_c, v_c, kept)."""
+    """Top ``n_keep`` prefix positions per head (ties to the lower position; all of them when ``n_keep`` exceeds
+    the N − w there are) and the window, and their K and V rows; scores (B, H, N − w) float32, k and v
+    (B, Hkv, N, d) of a 2- or 4-byte dtype, C-contiguous. Returns (k_c, v_c, kept)."""
     cupy = _cupy.require_cupy()
     B, H, P = scores.shape
     Hkv, N, d = k.shape[1], k.shape[2], k.shape[3]
+    if k.dtype.itemsize not in (2, 4):
+        raise TypeError(f"the gather copies 2- or 4-byte elements; k and v are {k.dtype}")
+    _cupy.check_launch_array("scores", scores, np.float32, (B, H, P), align=4)
+    _cupy.check_launch_array("k", k, k.dtype, (B, Hkv, N, d), align=k.dtype.itemsize)
+    _cupy.check_launch_array("v", v, k.dtype, (B, Hkv, N, d), align=k.dtype.itemsize)
+    n_keep = min(n_keep, P)  # no more prefix positions than there are: every row of `kept` is written
     C = n_keep + window
     kept = cupy.empty((B, H, C), dtype=cupy.int64)
     _kernel(f"ioaware::topk_radix<{THREADS}>")((B * H,), (THREADS,),
