@@ -80,3 +80,54 @@ def test_snapkv_kept_sets_equal_the_oracle(rng, hq, hkv, n, capacity, window, gq
     assert np.array_equal(kept, kvprune.snapkv_kept_reference(q, k, capacity=capacity, window=window, gqa=gqa))
     heads = np.repeat(k, kept.shape[1] // hkv, axis=1)
     assert np.array_equal(k_c, np.take_along_axis(heads, kept[..., None], axis=2))
+
+
+@pytest.mark.parametrize("Nq, Nk, causal", [(1, 3000, True), (16, 2500, False), (70, 1100, True)])
+def test_split_kv_equals_the_unsplit_kernel_and_the_oracle(rng, Nq, Nk, causal):
+    q = rng.standard_normal((2, 4, Nq, 64)).astype(np.float16)
+    k = rng.standard_normal((2, 2, Nk, 64)).astype(np.float16)
+    v = rng.standard_normal((2, 2, Nk, 64)).astype(np.float16)
+    dq, dk, dv = (cupy.asarray(x) for x in (q, k, v))
+    o1, lse1 = tier2.flash_forward(dq, dk, dv, 1 / 8, causal, n_splits=1)
+    o7, lse7 = tier2.flash_forward(dq, dk, dv, 1 / 8, causal, n_splits=7)  # 7 does not divide the key tiles
+    ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
+    for o in (o1, o7):
+        assert_close(cupy.asnumpy(o), ref, np.float16, plain=plain_attention(q, k, v, causal))
+    np.testing.assert_allclose(cupy.asnumpy(lse7), ref_lse, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cupy.asnumpy(lse1), ref_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_times_heads_above_the_grid_y_limit(rng):
+    q, k, v = (rng.standard_normal((1, 65600, 8, 64)).astype(np.float16) for _ in range(3))
+    o = cupy.asnumpy(kernels.attention(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v), causal=True))
+    assert_close(o, reference(q, k, v, causal=True), np.float16, plain=plain_attention(q, k, v, True))
+
+
+def test_int8_gemm_rows_above_the_grid_y_limit(rng):
+    from kernels.int8 import _cupy as int8_tier2
+
+    M, K, N = 70000, 32, 16
+    x_i8 = rng.integers(-127, 128, (M, K), dtype=np.int8)
+    w_i8_t = rng.integers(-127, 128, (N, K), dtype=np.int8)
+    ones = cupy.ones(M, dtype=cupy.float32)
+    _, c = int8_tier2.gemm(cupy.asarray(x_i8), cupy.asarray(w_i8_t), ones, ones[:N], want_int32=True)
+    assert np.array_equal(cupy.asnumpy(c), int8.int8_gemm(x_i8, w_i8_t))
+
+
+def test_bare_launchers_refuse_strided_or_misaligned_arrays(rng):
+    q = cupy.asarray(rng.standard_normal((1, 2, 64, 128)).astype(np.float16))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        tier2.flash_forward(q[..., ::2], q[..., ::2], q[..., ::2], 1.0, False)
+    flat = cupy.asarray(rng.standard_normal(2 * 64 * 64 + 1).astype(np.float16))
+    shifted = flat[1:].reshape(1, 2, 64, 64)  # 2 bytes off the allocation's start
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        tier2.flash_forward(shifted, shifted, shifted, 1.0, False)
+
+
+def test_select_and_gather_clamps_n_keep_to_the_positions(rng):
+    from kernels.kvprune import _cupy as kv_tier2
+
+    scores = cupy.asarray(rng.standard_normal((1, 2, 10)).astype(np.float32))
+    k = cupy.asarray(rng.standard_normal((1, 2, 14, 8)).astype(np.float32))
+    _, _, kept = kv_tier2.select_and_gather(scores, k, k, n_keep=50, window=4)
+    assert np.array_equal(cupy.asnumpy(kept), np.broadcast_to(np.arange(14), (1, 2, 14)))
