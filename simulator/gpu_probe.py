@@ -6,7 +6,7 @@ case's own (ncu filters them by name with ``KERNEL_REGEX``). The default sizes p
 H200's 60 MB of L2, so that DRAM bytes are the algorithm's and not the cache's. ``--small`` runs the awkward paths
 at sizes the sanitizers can afford (they slow kernels down a hundredfold): attention at N=200 (not a multiple of
 the 64-row tiles), causal, Hq=4/Hkv=2, d=64 and d=128, float16 and bfloat16, decode through the split-KV path;
-int8 at M=70, K=200, N=100. ``--no-pool`` turns CuPy's memory pool off, so that a small out-of-bounds access lands
+int8 at M=70, K=200, N=100; SnapKV's votes by both paths. ``--no-pool`` turns CuPy's memory pool off, so that a small out-of-bounds access lands
 outside its allocation instead of inside a pooled neighbour, where memcheck would not see it.
 
 After each case a probe prints a ``COMPLETION`` line; the check requires them, so that a tool that refused the
@@ -98,6 +98,10 @@ def run(case: str, small: bool = False, seed: int = 0) -> None:
         k, v = (cupy.asarray(rng.standard_normal((1, s["Hkv"], s["N"], s["d"])).astype(np.float16))
                 for _ in range(2))
         kvprune.snapkv_compress(q, k, v, capacity=s["N"] // 16 + 32, window=32, backend="cupy")
+        if small:  # the votes' other path, S = Q_w Kᵀ by cuBLAS first (no public entry point yet)
+            from kernels.kvprune import _cupy as tier2
+
+            tier2.snapkv_scores(q[:, :, -32:], k, 7, "max", "mean", votes_by="gemm")
     cupy.cuda.Device().synchronize()
 
 

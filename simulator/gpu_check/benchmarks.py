@@ -16,7 +16,7 @@ from ._rows import Case
 from .plan import benchmark_case_s
 
 COLUMNS = ["benchmark", "tier", "size", "median_s", "tflop_s", "gb_s", "calls_per_timing"]
-L2_ROTATE_BYTES = 4 * 60 * 2**20  # inputs rotate past 4 × the H200's L2 (60 MB as PyTorch reports it, KINDS.md)
+L2_ROTATIONS = 4  # inputs rotate past 4 × the device's L2 (its l2CacheSize, read at run time)
 TARGET_TIMING_S = 0.05  # one timing spans ~50 ms: far above the events' ~0.5 µs resolution (CUDA runtime docs)
 REPEATS = 7
 MAX_CALLS = 200
@@ -48,8 +48,11 @@ def time_calls(fn, sets, repeats=REPEATS):
 
 
 def _rotating(make, set_bytes):
-    """Enough input sets (at least two) that together they exceed L2_ROTATE_BYTES."""
-    return [make(i) for i in range(max(2, math.ceil(L2_ROTATE_BYTES / max(set_bytes, 1))))]
+    """Enough input sets (at least two) that together they exceed L2_ROTATIONS × the device's L2."""
+    import cupy
+
+    l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
+    return [make(i) for i in range(max(2, math.ceil(L2_ROTATIONS * l2 / max(set_bytes, 1))))]
 
 
 def _result(seconds, calls, flops=None, nbytes=None):
@@ -178,6 +181,23 @@ def _snapkv_selection(Hq, Hkv, N, d, capacity, window=32):
                          "tier": "cupy"})
 
 
+def _snapkv_votes(Hq, Hkv, N, d, votes_by, window=32):
+    def run():
+        import cupy
+
+        from kernels.kvprune import _cupy as tier2  # the choice of votes has no public entry point yet
+
+        rs = cupy.random.RandomState(4)
+        qw = rs.standard_normal((1, Hq, window, d), dtype=cupy.float32)  # (1, Hq, w, d)
+        k = rs.standard_normal((1, Hkv, N, d), dtype=cupy.float32)  # (1, Hkv, N, d)
+        seconds, calls = time_calls(lambda: tier2.snapkv_scores(qw, k, 7, "max", "mean", votes_by=votes_by), [()])
+        return _result(seconds, calls, 2 * Hq * window * N * d)  # S = Q_w Kᵀ once (the fused kernel: 3 times)
+
+    return Case(name=f"SnapKV window scores [votes by {votes_by}]", size=f"Hq={Hq} Hkv={Hkv} N={N} d={d} fp32",
+                run=run, needs=("cupy",), estimate_s=benchmark_case_s(6 * Hq * window * N * d, 2 + REPEATS * 20),
+                columns={"benchmark": "SnapKV window scores", "tier": f"cupy, votes by {votes_by}"})
+
+
 def cases(quick: bool) -> list[Case]:
     B, H, N, d = (1, 8, 2048, 128) if quick else (4, 16, 8192, 128)
     n_long = 8192 if quick else 32768
@@ -199,5 +219,7 @@ def cases(quick: bool) -> list[Case]:
             _int8_split(m, m // 100, "cupy (mma.sync s8 + fp16 outliers)"),
             _int8_split(m, m // 100, "bitsandbytes Linear8bitLt"),
             _snapkv_selection(32, 8, n_long, d, n_long // 8),
+            _snapkv_votes(32, 8, n_long, d, "kernel"),
+            _snapkv_votes(32, 8, n_long, d, "gemm"),
             _attention("prefill attention (SnapKV's comparison)", flash, 1, 32, 8, n_long, n_long, d, True)]
     return out

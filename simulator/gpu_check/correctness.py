@@ -127,6 +127,31 @@ def _snapkv(tier, Hq, Hkv, N, d, capacity, window):
                 columns={"tier": tier, "kernel": "SnapKV kept positions", "dtype": "float32"})
 
 
+def _snapkv_votes(votes_by, Hq, Hkv, N, d, window):
+    def run():
+        import cupy
+
+        from kernels import kvprune
+        from kernels.attn import TOLERANCES
+        from kernels.kvprune import _cupy as tier2  # the choice of votes has no public entry point yet
+
+        rng = np.random.default_rng([SEED, Hq, N, window, 2])
+        qw = rng.standard_normal((1, Hq, window, d)).astype(np.float32)  # (1, Hq, w, d)
+        k = rng.standard_normal((1, Hkv, N, d)).astype(np.float32)  # (1, Hkv, N, d)
+        ref = kvprune.snapkv_scores_reference(qw, k)  # (1, Hkv, N − w) float64
+        got = cupy.asnumpy(tier2.snapkv_scores(cupy.asarray(qw), cupy.asarray(k), 7, "max", "mean",
+                                               votes_by=votes_by))
+        err = float(np.abs(got - ref).max())
+        tol = TOLERANCES["float32"]
+        bound = tol["atol"] + tol["rtol"] * float(np.abs(ref).max())
+        return {"max_abs_error": f"{err:.3g}", "bound": f"{bound:.3g}",
+                "status": "passed" if err <= bound else "failed"}
+
+    return Case(name=f"SnapKV window scores, votes by {votes_by}",
+                size=f"Hq={Hq} Hkv={Hkv} N={N} d={d} w={window}", run=run, needs=("cupy",), estimate_s=snapkv_case_s(Hq, N, d, window),
+                columns={"tier": "cupy", "kernel": f"SnapKV scores (votes by {votes_by})", "dtype": "float32"})
+
+
 def cases(quick: bool) -> list[Case]:
     """The correctness cases, CUDA C tier first (the targets of this check), then the Numba-CUDA tier."""
     n = 512 if quick else 2048
@@ -147,6 +172,8 @@ def cases(quick: bool) -> list[Case]:
         _int8_gemm_exact(M, K, N),
         _int8_gemm_exact(70000, 64, 24),  # M above 65535 (the GEMM's grid.x is the M tiles)
         _snapkv("cupy", 8, 2, 1024 if quick else 4096, 64, 256, 32),
+        _snapkv_votes("kernel", 8, 2, 1024 if quick else 4096, 64, 32),
+        _snapkv_votes("gemm", 8, 2, 1024 if quick else 4096, 64, 32),
         _attention("numba-cuda", "flash", "float32", 1, 4, 2, n // 2 + 5, n // 2 + 5, 64, True),
         _attention("numba-cuda", "flash", "float16", 1, 4, 4, n // 4, n // 2, 128, False),
         _attention("numba-cuda", "standard", "float32", 1, 2, 1, n // 4, n // 4, 64, True),

@@ -2,8 +2,8 @@
 memory pool off so that small out-of-bounds accesses leave their allocation.
 
 A run counts only when the probe printed its completion line and the tool printed its ``ERROR SUMMARY``: the tool
-refuses some virtualized GPUs ("Device not supported", then error 999 at the first allocation; KINDS.md, gVisor,
-2026-11-04), and that must read "not run", not "0 errors". The tool's exit code is recorded beside them.
+refuses some virtualized GPUs ("Device not supported", then error 999 at the first allocation, as issue 19 reports
+for an H200 under gVisor), and that must read "not run", not "0 errors". The tool's exit code is recorded beside them.
 """
 from __future__ import annotations
 

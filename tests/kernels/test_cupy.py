@@ -131,3 +131,15 @@ def test_select_and_gather_clamps_n_keep_to_the_positions(rng):
     k = cupy.asarray(rng.standard_normal((1, 2, 14, 8)).astype(np.float32))
     _, _, kept = kv_tier2.select_and_gather(scores, k, k, n_keep=50, window=4)
     assert np.array_equal(cupy.asnumpy(kept), np.broadcast_to(np.arange(14), (1, 2, 14)))
+
+
+@pytest.mark.parametrize("hq, hkv, n, window", [(4, 2, 700, 16), (2, 1, 3000, 32)])
+def test_snapkv_votes_by_gemm_and_by_the_fused_kernel_match_the_oracle(rng, hq, hkv, n, window):
+    from kernels.kvprune import _cupy as kv_tier2
+
+    qw = rng.standard_normal((1, hq, window, 32)).astype(np.float32)
+    k = rng.standard_normal((1, hkv, n, 32)).astype(np.float32)
+    ref = kvprune.snapkv_scores_reference(qw, k)
+    for votes_by in kv_tier2.VOTES:
+        got = cupy.asnumpy(kv_tier2.snapkv_scores(cupy.asarray(qw), cupy.asarray(k), 7, "max", "mean", votes_by))
+        assert_close(got, ref, np.float32)
