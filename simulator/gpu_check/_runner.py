@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,8 @@ def run_part(name: str, factory: str, out_dir: Path, *, quick: bool, deadline: f
     columns, make_cases = load_part(factory)
     cases = make_cases(quick)
     log = RowLog(out_dir / f"{name}.csv", columns)
-    inflight = out_dir.parent / f".{out_dir.name}.{name}.inflight"  # beside the run directory, not in it
+    # outside the run directory (a lent machine sends back a few files of it only)
+    inflight = Path(tempfile.gettempdir()) / f"ioaware-gpu-check-{os.getpid()}-{name}.inflight"
     start = 0
     while start < len(cases):
         if time.time() >= deadline:
