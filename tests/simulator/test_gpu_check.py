@@ -176,3 +176,11 @@ def test_the_checks_low_precision_judge_passes_a_right_answer_and_fails_a_wrong_
     assert not within_tolerance(wrong, ref, dtype, plain)[2]
     wrong[0, 1, 30, 5] = np.nan
     assert not within_tolerance(wrong, ref, dtype, plain)[2]
+
+
+@pytest.mark.parametrize("probe", ncu.PROBES)
+def test_every_ncu_probe_has_a_prediction_from_the_cost_model(probe):
+    from simulator.gpu_probe import sizes
+
+    predicted = ncu.predicted_bytes(probe, sizes(probe, small=False))
+    assert predicted is not None and predicted > 0
