@@ -44,27 +44,29 @@ def _function(path: str, name_expression: str, all_names: tuple[str, ...], optio
 
 
 @functools.lru_cache(maxsize=None)
-def _attribute(name: str, device: int) -> int:
+def _device_facts(device: int) -> dict:
+    """What the launchers ask of a device, read once per device (each query is a driver call)."""
     cupy = require_cupy()
-    return int(cupy.cuda.runtime.deviceGetAttribute(getattr(cupy.cuda.runtime, name), device))
+    optin = cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin
+    return {"compute_capability": int(cupy.cuda.Device(device).compute_capability),
+            "shared_memory_optin": int(cupy.cuda.runtime.deviceGetAttribute(optin, device)),
+            "multiprocessors": int(cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"])}
 
 
 def compute_capability() -> int:
     """The current device's compute capability as an int (90 for an H100/H200, 80 for an A100)."""
-    device = require_cupy().cuda.Device().id
-    return 10 * _attribute("cudaDevAttrComputeCapabilityMajor", device) + _attribute(
-        "cudaDevAttrComputeCapabilityMinor", device)
+    return _device_facts(require_cupy().cuda.Device().id)["compute_capability"]
 
 
 def shared_memory_optin() -> int:
     """The most dynamic shared memory one block may opt into on the current device (227 KiB on sm_90; CUDA C++
     Programming Guide, "Technical Specifications per Compute Capability")."""
-    return _attribute("cudaDevAttrMaxSharedMemoryPerBlockOptin", require_cupy().cuda.Device().id)
+    return _device_facts(require_cupy().cuda.Device().id)["shared_memory_optin"]
 
 
 def multiprocessor_count() -> int:
     """The current device's multiprocessors (132 on an H100 SXM or H200, as the device reports them)."""
-    return _attribute("cudaDevAttrMultiProcessorCount", require_cupy().cuda.Device().id)
+    return _device_facts(require_cupy().cuda.Device().id)["multiprocessors"]
 
 
 def check_launch_array(name: str, x, dtype, shape: tuple, align: int = 16) -> None:

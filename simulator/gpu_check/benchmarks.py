@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ._rows import Case
-from .plan import benchmark_case_s
+from .plan import benchmark_case_s, numba_limit_s
 
 COLUMNS = ["benchmark", "tier", "size", "median_s", "tflop_s", "gb_s", "calls_per_timing"]
 L2_ROTATIONS = 4  # inputs rotate past 4 × the device's L2 (its l2CacheSize, read at run time)
@@ -109,8 +109,10 @@ def _attention(name, tier, B, Hq, Hkv, Nq, Nk, d, causal, algorithm="flash", dty
         return _result(seconds, calls, flops, kv_bytes if Nq <= 16 else None)
 
     needs = {"torch SDPA (FlashAttention-2)": ("cupy", "torch"), "numba-cuda flash": ("cupy", "numba-cuda")}
+    estimate = benchmark_case_s(flops, 2 + REPEATS * 20)
     return Case(name=f"{name} [{tier}]", size=f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} {dtype}", run=run,
-                needs=needs.get(tier, ("cupy",)), estimate_s=benchmark_case_s(flops, 2 + REPEATS * 20),
+                needs=needs.get(tier, ("cupy",)), estimate_s=estimate,
+                limit_s=numba_limit_s(estimate) if tier.startswith("numba") else None,
                 columns={"benchmark": name, "tier": tier})
 
 

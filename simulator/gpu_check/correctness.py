@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from ._rows import Case
-from .plan import attention_case_s, int8_case_s, snapkv_case_s
+from .plan import attention_case_s, int8_case_s, numba_limit_s, snapkv_case_s
 
 COLUMNS = ["tier", "kernel", "dtype", "size", "max_abs_error", "bound"]
 SEED = 1
@@ -51,8 +51,9 @@ def _attention(tier, algorithm, dtype, B, Hq, Hkv, Nq, Nk, d, causal):
 
     size = f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} causal={causal}"
     needs = ("cupy", "numba-cuda") if tier == "numba-cuda" else ("cupy",)
-    return Case(name=f"attention {algorithm} {tier} {dtype}", size=size, run=run, needs=needs,
-                estimate_s=attention_case_s(B, Hq, Nq, Nk, d, low_precision=dtype != "float32"),
+    estimate = attention_case_s(B, Hq, Nq, Nk, d, low_precision=dtype != "float32")
+    return Case(name=f"attention {algorithm} {tier} {dtype}", size=size, run=run, needs=needs, estimate_s=estimate,
+                limit_s=numba_limit_s(estimate) if tier == "numba-cuda" else None,
                 columns={"tier": tier, "kernel": f"attention {algorithm}", "dtype": dtype})
 
 
@@ -76,8 +77,10 @@ def _int8_split(tier, M, K, N, n_outliers, keep_fp16):
 
     needs = ("cupy", "numba-cuda") if tier == "numba-cuda" else ("cupy",)
     fp16 = ", float16 outlier rows kept" if keep_fp16 else ""
+    estimate = int8_case_s(M, K, N)
     return Case(name=f"int8 split matmul {tier}", size=f"M={M} K={K} N={N}, {n_outliers} outlier dims{fp16}",
-                run=run, needs=needs, estimate_s=int8_case_s(M, K, N),
+                run=run, needs=needs, estimate_s=estimate,
+                limit_s=numba_limit_s(estimate) if tier == "numba-cuda" else None,
                 columns={"tier": tier, "kernel": "int8 split matmul", "dtype": "float32 in, int8/int32 inside"})
 
 
@@ -122,8 +125,10 @@ def _snapkv(tier, Hq, Hkv, N, d, capacity, window):
                 "status": "passed" if diff == 0 else "failed"}
 
     needs = ("cupy", "numba-cuda") if tier == "numba-cuda" else ("cupy",)
+    estimate = snapkv_case_s(Hq, N, d, window)
     return Case(name=f"SnapKV kept positions {tier}", size=f"Hq={Hq} Hkv={Hkv} N={N} d={d} capacity={capacity}",
-                run=run, needs=needs, estimate_s=snapkv_case_s(Hq, N, d, window),
+                run=run, needs=needs, estimate_s=estimate,
+                limit_s=numba_limit_s(estimate) if tier == "numba-cuda" else None,
                 columns={"tier": tier, "kernel": "SnapKV kept positions", "dtype": "float32"})
 
 

@@ -60,6 +60,11 @@ def benchmark_case_s(flops_per_call: float, calls: int) -> float:
     return CASE_OVERHEAD_S + calls * flops_per_call / _device_flop_s()
 
 
+def numba_limit_s(estimate_s: float) -> float:
+    """Time limit of a case on the Numba-CUDA tier: the first one in a worker compiles its kernels."""
+    return max(60.0, 5.0 * estimate_s) + 3.0 * NUMBA_JIT_S
+
+
 def part_estimate_s(cases) -> float:
     """A part: its cases, one worker start, and Numba's first compile when a case runs the Numba-CUDA tier."""
     numba = any("numba-cuda" in c.needs for c in cases)
