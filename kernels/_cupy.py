@@ -92,10 +92,12 @@ def check_shared_memory(nbytes: int, what: str) -> None:
 
 
 def as_cupy(x, dtype=None):
-    """A C-contiguous CuPy array of ``x`` (NumPy or any device array), in ``dtype`` when given."""
+    """A C-contiguous CuPy array of ``x`` (NumPy or any device array), in ``dtype`` when given, starting on a
+    16-byte boundary (a view into the middle of a buffer is copied: the kernels read rows with 16-byte copies)."""
     cupy = require_cupy()
     x = cupy.asarray(x)
     if dtype is not None and x.dtype != np.dtype(dtype):
         x = x.astype(dtype)
-    return cupy.ascontiguousarray(x)
+    x = cupy.ascontiguousarray(x)
+    return x.copy() if x.size and x.data.ptr % 16 else x
 
