@@ -72,10 +72,11 @@ def part_estimate_s(cases) -> float:
 
 
 def part_budget(estimate_s: float, later_estimates_s, left_s: float) -> float:
-    """Seconds part may run: up to MARGIN × its estimate, as long as every later part keeps RESERVE × its own
-    estimate; parts come in order of priority, so when time is short the earlier parts keep theirs."""
+    """Seconds a part may run: its estimate, and up to MARGIN × it where that still leaves every later part RESERVE
+    × its own; never more than is left. Parts come in order of priority, so when time is short the earlier parts
+    keep theirs and the last ones are cut."""
     reserve = RESERVE * sum(later_estimates_s)
-    return max(0.0, min(MARGIN * estimate_s, left_s - reserve, left_s))
+    return max(0.0, min(left_s, MARGIN * estimate_s, max(estimate_s, left_s - reserve)))
 
 
 def dry_run(parts, quick: bool, deadline_s: float) -> str:
@@ -95,8 +96,8 @@ def dry_run(parts, quick: bool, deadline_s: float) -> str:
             lines.append(f"  {case.estimate_s:7.1f} s  {case.name} [{case.size}]{needs}")
     total = sum(totals.values())
     lines += ["", f"total estimated {total:.0f} s against a deadline of {deadline_s:.0f} s. Budgets if every part "
-                  f"takes its estimate (each part may take up to {MARGIN:g} × its estimate while the later ones keep "
-                  f"{RESERVE:g} × theirs):"]
+                  f"takes its estimate (each part gets its estimate, and up to {MARGIN:g} × it while the later ones "
+                  f"keep {RESERVE:g} × theirs, in order of priority):"]
     left = deadline_s
     names = list(totals)
     for i, name in enumerate(names):

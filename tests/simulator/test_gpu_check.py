@@ -184,3 +184,30 @@ def test_every_ncu_probe_has_a_prediction_from_the_cost_model(probe):
 
     predicted = ncu.predicted_bytes(probe, sizes(probe, small=False))
     assert predicted is not None and predicted > 0
+
+
+def test_parts_keep_their_estimates_in_order_of_priority_when_time_is_short():
+    from simulator.gpu_check.plan import MARGIN, part_budget
+
+    assert part_budget(10, [100, 100], left_s=50) == 10  # the first part keeps its estimate, the last ones are cut
+    assert part_budget(10, [5], left_s=1000) == MARGIN * 10  # with slack, a margin for a slow part
+    assert part_budget(100, [], left_s=30) == 30  # never more than is left
+    assert part_budget(10, [1], left_s=0) == 0
+
+
+def test_a_whole_run_of_the_real_parts_without_a_gpu_says_why_each_row_did_not_run(tmp_path, monkeypatch):
+    import csv
+
+    from kernels import _gpu
+
+    monkeypatch.setattr(_gpu, "cupy_module", lambda: object())  # past the first check; the workers see no GPU
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")  # no ncu, no compute-sanitizer
+    out = tmp_path / "run"
+    assert gpu_check.run(out, deadline_s=150, progress=lambda text: None) == 0
+    for name, factory in gpu_check.PARTS:
+        rows = list(csv.DictReader((out / f"{name}.csv").open()))
+        assert len(rows) == len(_runner.load_part(factory)[1](False)), name
+        for row in rows:
+            assert row["status"] in ("ok", "skipped", "not run"), row
+            assert row["status"] == "ok" or row["note"], row
+    assert len(list(out.iterdir())) <= 8  # what a lent machine sends back
