@@ -42,21 +42,25 @@ def subprocess_env() -> dict:
     return env
 
 
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the group this runner started for proc (its own session)
+    except (ProcessLookupError, PermissionError):
+        proc.send_signal(sig)
+
+
 def _stop_group(proc: subprocess.Popen, grace_s: float = 0.0) -> None:
-    """Stop the process group started for ``proc`` (its own session): SIGTERM first when ``grace_s`` > 0, so a
-    worker can stop the tool it runs in a session of its own, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
-        if sig == signal.SIGTERM and grace_s <= 0:
-            continue
+    """Stop ``proc`` and the processes of its group: SIGTERM first when ``grace_s`` > 0 (a worker then stops the
+    tool it runs in a session of its own), SIGKILL when it has not ended by then."""
+    if grace_s > 0:
+        _signal_group(proc, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=wait_s)
+            proc.wait(timeout=grace_s)
             return
         except subprocess.TimeoutExpired:
-            continue
+            pass
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
 
 
 @dataclass(frozen=True)
