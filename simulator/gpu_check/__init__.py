@@ -62,6 +62,8 @@ def run(out_dir: Path, quick: bool = False, deadline_s: float = DEFAULT_DEADLINE
                         log_path=out_dir / "gpu_check.log", progress=progress)
         results[name] = (row_columns(load_part(factory)[0]), rows)
         progress(f"[{time.time() - t0:6.1f} s] {name}: {status_counts(rows)}")
+        # after each part, so that a run stopped from outside still leaves its summary of what it did
+        write_index(out_dir, results, f"In progress: {', '.join(results)} done, {time.time() - t0:.0f} s in.")
     failing = [r for name in ("correctness", "sanitizer") for r in results.get(name, ((), []))[1]
                if r["status"] in FAILING]
     verdict = f"FAILED: {len(failing)} correctness or sanitizer rows" if failing else \
