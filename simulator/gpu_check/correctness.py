@@ -22,7 +22,10 @@ COLUMNS = ["tier", "kernel", "dtype", "size", "max_abs_error", "bound"]
 SEED = 1
 
 
-def _attention(tier, algorithm, dtype, B, Hq, Hkv, Nq, Nk, d, causal):
+def _attention(tier, algorithm, dtype, B, Hq, Hkv, Nq, Nk, d, causal, n_splits=None):
+    """A case of attention; ``n_splits`` forces the CUDA C kernel's key splits (1: the unsplit path), which the
+    launcher otherwise picks from the device's size."""
+
     def run():
         import cupy
 
@@ -39,8 +42,14 @@ def _attention(tier, algorithm, dtype, B, Hq, Hkv, Nq, Nk, d, causal):
 
             q, k, v = (round_to(x, "bfloat16") for x in (q, k, v))
             bits = [tier2.to_bfloat16_bits(cupy.asarray(x)) for x in (q, k, v)]
-            o_bits, _ = tier2.flash_forward(*bits, 1 / math.sqrt(d), causal, dtype="bfloat16")
+            o_bits, _ = tier2.flash_forward(*bits, 1 / math.sqrt(d), causal, dtype="bfloat16", n_splits=n_splits)
             out = cupy.asnumpy(tier2.from_bfloat16_bits(o_bits))
+        elif n_splits is not None:  # the split count has no public entry point
+            from kernels.attn import _cupy as tier2
+
+            o, _ = tier2.flash_forward(*(cupy.asarray(x) for x in (q, k, v)), 1 / math.sqrt(d), causal,
+                                       n_splits=n_splits)
+            out = cupy.asnumpy(o)
         else:
             out = cupy.asnumpy(cupy.asarray(kernels.attention(cupy.asarray(q), cupy.asarray(k), cupy.asarray(v),
                                                               causal=causal, algorithm=algorithm, backend=tier)))
@@ -49,7 +58,8 @@ def _attention(tier, algorithm, dtype, B, Hq, Hkv, Nq, Nk, d, causal):
         err, bound, ok = within_tolerance(out, ref, dtype, plain)
         return {"max_abs_error": f"{err:.3g}", "bound": f"{bound:.3g}", "status": "passed" if ok else "failed"}
 
-    size = f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} causal={causal}"
+    size = f"B={B} Hq={Hq} Hkv={Hkv} Nq={Nq} Nk={Nk} d={d} causal={causal}" + (
+        f" n_splits={n_splits}" if n_splits is not None else "")
     needs = ("cupy", "numba-cuda") if tier == "numba-cuda" else ("cupy",)
     estimate = attention_case_s(B, Hq, Nq, Nk, d, low_precision=dtype != "float32")
     return Case(name=f"attention {algorithm} {tier} {dtype}", size=size, run=run, needs=needs, estimate_s=estimate,
@@ -171,6 +181,9 @@ def cases(quick: bool) -> list[Case]:
         _attention("cupy", "flash", "float16", 2, 8, 2, 1, 4 * n + 5, 128, True),  # decode: the split-KV path
         _attention("cupy", "flash", "float16", 1, 16, 4, 16, 4 * n - 3, 64, False),  # a 16-query chunk, split-KV
         _attention("cupy", "flash", "float16", 1, 66000, 66000, 16, 16, 64, True),  # B·Hq above 65535
+        _attention("cupy", "flash", "float16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=1),  # unsplit
+        _attention("cupy", "flash", "bfloat16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=1),
+        _attention("cupy", "flash", "float16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=5),  # 5 splits
         _attention("cupy", "standard", "float16", 1, 4, 2, n // 2, n // 2, 64, True),
         _int8_split("cupy", M, K, N, 5, False),
         _int8_split("cupy", 70, 200, 100, 3, True),
