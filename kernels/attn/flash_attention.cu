@@ -8,17 +8,17 @@
 // come from shared memory by ldmatrix (PTX ISA, "ldmatrix": four 8 × 8 16-bit matrices per instruction,
 // each lane holding one 32-bit word of each): Q and K as stored, V with .trans, since the B operand of P V pairs
 // two keys of one column in a register.
-//
-// Split-KV (Flash-Decoding; Dao et al. 2023, "Flash-Decoding for long-context inference"): with n_splits > 1 the
-// keys a tile sees are cut into n_splits ranges of whole BC tiles, one block each, so that decode (a few query
-// rows) still fills the machine; each block writes its rows' normalized partial output and lse in float32, and
-// flash_combine merges them: lse = log Σ_s e^(lse_s), o = Σ_s e^(lse_s − lse) o_s.
 // S = Q Kᵀ and O += P V are mma.sync.m16n8k16 (float16 or bfloat16 in, float32 accumulate, PTX ISA §9.7.14),
 // with P handed from the S accumulators to the A operand of the second product in registers (FlashAttention-2
 // §3.1: no shared-memory round trip for P). The softmax runs in the log2 domain: s' = s · scale · log2(e),
 // p = 2^(s' − m'), lse = (m' + log2 l) · ln 2. Causal: the mask is aligned bottom-right (row i sees keys
 // j <= i + Nk − Nq) and the key loop stops at the last key the tile's last row can see. A row that sees no key
 // writes zeros and lse = −inf. GQA: query head h reads kv head h / (Hq / Hkv).
+//
+// Split-KV (Flash-Decoding; Dao et al. 2023, "Flash-Decoding for long-context inference"): with n_splits > 1 the
+// keys a tile sees are cut into n_splits ranges of whole BC tiles, one block each, so that decode (a few query
+// rows) still fills the machine; each block writes its rows' normalized partial output and lse in float32, and
+// flash_combine merges them: lse = log Σ_s e^(lse_s), o = Σ_s e^(lse_s − lse) o_s.
 //
 // softmax_rows: the standard algorithm's middle kernel (S and P in global memory): one block per row of S,
 // P = softmax(scale · S + mask) written over S, float32 inside, lse beside it.
