@@ -299,8 +299,9 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
     const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
     const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
-    const float lse_lo = l_lo > 0.0f ? (m_lo + __log2f(l_lo)) * LN2 : neg_inf();
-    const float lse_hi = l_hi > 0.0f ? (m_hi + __log2f(l_hi)) * LN2 : neg_inf();
+    // lse: −inf for a row that saw no key (l = 0), NaN for a row a NaN reached (l = NaN), so the combine sees it
+    const float lse_lo = l_lo > 0.0f ? (m_lo + __log2f(l_lo)) * LN2 : (l_lo == 0.0f ? neg_inf() : l_lo);
+    const float lse_hi = l_hi > 0.0f ? (m_hi + __log2f(l_hi)) * LN2 : (l_hi == 0.0f ? neg_inf() : l_hi);
     if (n_splits > 1) {  // this split's normalized partial rows, float32, for flash_combine
         const size_t part = (static_cast<size_t>(split) * gridDim.x + bh) * Nq;
 #pragma unroll
@@ -339,7 +340,8 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
 
 // Split-KV's second step: one thread per (row, column) of o over rows = B·Hq·Nq. lse = m + log Σ_s e^(lse_s − m)
 // with m the largest lse_s; o = Σ_s e^(lse_s − lse) o_s. A row no split saw (every lse_s = −inf) gets zeros and
-// lse = −inf, as the unsplit kernel writes it.
+// lse = −inf, as the unsplit kernel writes it; a NaN in any split's lse or o makes the row NaN (fmaxf alone would
+// drop it), as the unsplit kernel's row would be.
 template <typename T, int D>
 __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                               T* __restrict__ o, float* __restrict__ lse, int rows, int n_splits) {
@@ -348,9 +350,16 @@ __global__ void flash_combine(const float* __restrict__ o_part, const float* __r
     const size_t row = idx / D;
     const int col = static_cast<int>(idx % D);
     float m = neg_inf();
-    for (int sp = 0; sp < n_splits; ++sp) m = fmaxf(m, lse_part[sp * static_cast<size_t>(rows) + row]);
+    bool nan = false;
+    for (int sp = 0; sp < n_splits; ++sp) {
+        const float x = lse_part[sp * static_cast<size_t>(rows) + row];
+        nan |= x != x;
+        m = fmaxf(m, x);
+    }
     float total = 0.0f, acc = 0.0f;
-    if (m != neg_inf()) {
+    if (nan) {
+        total = acc = m = __int_as_float(0x7fc00000);  // a quiet NaN, for o and lse alike
+    } else if (m != neg_inf()) {
         for (int sp = 0; sp < n_splits; ++sp) {
             const size_t at = sp * static_cast<size_t>(rows) + row;
             const float w = __expf(lse_part[at] - m);  // e^(−inf) = 0 for a split that saw no key of this row
@@ -358,8 +367,9 @@ __global__ void flash_combine(const float* __restrict__ o_part, const float* __r
             acc += w * o_part[at * D + col];
         }
     }
-    o[idx] = from_float<T>(total > 0.0f ? acc / total : 0.0f);
-    if (col == 0) lse[row] = total > 0.0f ? m + __logf(total) : neg_inf();
+    const bool seen = nan || total > 0.0f;
+    o[idx] = from_float<T>(seen ? acc / total : 0.0f);
+    if (col == 0) lse[row] = seen ? m + __logf(total) : neg_inf();
 }
 
 // The standard algorithm's softmax over S (rows, Nk) written by a matmul: P = softmax(scale · S + causal mask)

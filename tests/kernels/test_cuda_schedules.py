@@ -104,32 +104,45 @@ def _partial(q, k, v, causal, key_lo, key_hi):
     visible = (keys >= key_lo) & (keys < key_hi)
     visible = visible & (keys[None, :] <= np.arange(Nq)[:, None] + Nk - Nq) if causal else visible[None, :]
     s = np.where(visible, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0))
-    l = p.sum(axis=-1, keepdims=True)  # (B, H, Nq, 1)
-    o = np.where(l > 0, p @ v / np.where(l > 0, l, 1), 0)
-    lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1)), -np.inf)
+    m = np.nanmax(np.where(np.isnan(s), -np.inf, s), axis=-1, keepdims=True)  # fmaxf: a NaN never wins the max
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - np.where(np.isfinite(m), m, 0))  # NaN where s is
+        l = p.sum(axis=-1, keepdims=True)  # (B, H, Nq, 1), NaN for a row a NaN reached
+        # Σ over the visible keys only, as the oracle sums. (The kernel's mma also multiplies a masked key's p = 0
+        # by its v row, and 0 · NaN = NaN: a NaN in v reaches every row of the query tiles that load its key tile,
+        # seen or not; that predates the split and is left to a GPU run to confirm.)
+        pv = np.where(visible[..., None], p[..., None] * v[:, :, None], 0).sum(axis=-2)  # (B, H, Nq, d)
+        o = np.where(l > 0, pv / np.where(l > 0, l, 1), 0)
+        o = np.where(np.isnan(l), np.nan, o)  # acc · (1/l): the kernel's inv is 0 there, and NaN · 0 = NaN
+        lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1)),
+                       np.where(l[..., 0] == 0, -np.inf, l[..., 0]))  # −inf for no key, NaN for a NaN
     return o.astype(np.float32), lse.astype(np.float32)
 
 
 def _combine(o_part, lse_part):
-    """flash_combine's arithmetic: m = max lse_s, total = Σ e^(lse_s − m), o = Σ e^(lse_s − m) o_s / total."""
-    m = lse_part.max(axis=0)
+    """flash_combine's arithmetic: m = max lse_s, total = Σ e^(lse_s − m), o = Σ e^(lse_s − m) o_s / total; a NaN
+    in any split's lse makes the row NaN."""
+    nan = np.isnan(lse_part).any(axis=0)
+    m = np.where(np.isnan(lse_part), -np.inf, lse_part).max(axis=0)
     seen = np.isfinite(m)
-    w = np.exp(lse_part - np.where(seen, m, 0)[None])  # e^(−inf) = 0 for a split that saw no key of the row
-    w = np.where(seen[None], w, 0)
-    total = w.sum(axis=0)
-    o = np.where(total[..., None] > 0, (w[..., None] * o_part).sum(axis=0) / np.where(total > 0, total, 1)[..., None],
-                 0)
-    lse = np.where(total > 0, m + np.log(np.where(total > 0, total, 1)), -np.inf)
-    return o, lse
+    with np.errstate(invalid="ignore"):
+        w = np.exp(lse_part - np.where(seen, m, 0)[None])  # e^(−inf) = 0 for a split that saw no key of the row
+        w = np.where(seen[None], w, 0)
+        total = w.sum(axis=0)
+        o = np.where(total[..., None] > 0, (w[..., None] * o_part).sum(axis=0) / np.where(total > 0, total, 1)[
+            ..., None], 0)
+        lse = np.where(total > 0, m + np.log(np.where(total > 0, total, 1)), -np.inf)
+    return np.where(nan[..., None], np.nan, o), np.where(nan, np.nan, lse)
 
 
+@pytest.mark.parametrize("nan_in", [None, "q", "k", "v"])
 @pytest.mark.parametrize("Nq, Nk, causal, n_splits", [(1, 1000, True, 7), (16, 300, False, 3), (90, 40, True, 2),
                                                      (5, 64, True, 4)])
-def test_the_combine_of_the_splits_is_attention_over_all_keys(rng, Nq, Nk, causal, n_splits):
+def test_the_combine_of_the_splits_is_attention_over_all_keys(rng, Nq, Nk, causal, n_splits, nan_in):
     q = rng.standard_normal((1, 2, Nq, 16))
     k, v = rng.standard_normal((1, 2, Nk, 16)), rng.standard_normal((1, 2, Nk, 16))
+    if nan_in is not None:  # the NaN contract: exactly the rows that see the NaN become NaN (kernels.attention)
+        {"q": q, "k": k, "v": v}[nan_in][0, 1, {"q": Nq, "k": Nk, "v": Nk}[nan_in] // 2, 3] = np.nan
     BC = attn_tier2.BC
     Tc = math.ceil(Nk / BC)
     per_split = -(-Tc // n_splits)
