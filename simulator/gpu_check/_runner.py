@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository root: every subproc
 STICKY_EXIT = 3  # the worker's exit status after a case left the CUDA context unusable
 STARTUP_LIMIT_S = 120.0  # a worker that has not started its first case by then is stopped (imports hang)
 POLL_S = 0.2
+AT_DEADLINE = "stopped at the global deadline"
 
 
 def load_part(factory: str):
@@ -147,7 +148,7 @@ def run_part(name: str, factory: str, out_dir: Path, *, quick: bool, deadline: f
                 elif current is not None and now - current[1] > cases[current[0]].time_limit():
                     stopped = f"stopped after its limit of {cases[current[0]].time_limit():.0f} s"
                 elif now >= deadline:
-                    stopped = "stopped at the global deadline"
+                    stopped = AT_DEADLINE
                 if stopped:
                     _stop_group(proc, grace_s=5.0)
         with log_path.open() as f:
@@ -163,6 +164,8 @@ def run_part(name: str, factory: str, out_dir: Path, *, quick: bool, deadline: f
                        "status": status, "note": f"{reason}: {tail}"[:400]})
             progress(f"{name}: {case.name}: {status} ({reason})")
             start = current[0] + 1
+        elif current is None and stopped == AT_DEADLINE:  # stopped while starting: what is left is skipped
+            break
         elif current is None and proc.returncode != 0:  # died before its first case: every case would
             note = f"the worker failed before any case ({stopped or proc.returncode}): {tail}"[:400]
             for i in range(start, len(cases)):
