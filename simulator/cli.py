@@ -140,12 +140,19 @@ def _hardware_cmd(args) -> int:
 
 
 def _gpu_check(args) -> int:
-    from .gpu_check import run
+    from .gpu_check import PARTS, dry_run, run
+
+    if args.dry_run:
+        print(dry_run(PARTS, args.quick, args.deadline_s))
+        return 0
+    if not args.out:
+        print("error: gpu-check needs --out DIR (or --dry-run)", file=sys.stderr)
+        return 2
 
     def progress(text):
         print(text, flush=True)
 
-    return run(Path(args.out), quick=args.quick, progress=progress)
+    return run(Path(args.out), quick=args.quick, deadline_s=args.deadline_s, progress=progress)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,8 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="The one-call GPU check: both GPU tiers against the float64 oracles at real sizes, benchmarks "
                     "beside torch SDPA, cuBLAS and bitsandbytes, Nsight Compute DRAM bytes beside the cost model, "
                     "compute-sanitizer memcheck and racecheck. Needs CuPy and numba-cuda on a CUDA device.")
-    gpu.add_argument("--out", metavar="DIR", required=True, help="directory for the CSV, Markdown and chart")
+    gpu.add_argument("--out", metavar="DIR", help="new directory for the CSVs, Markdown, chart and log")
     gpu.add_argument("--quick", action="store_true", help="small sizes; no ncu or sanitizer runs")
+    gpu.add_argument("--dry-run", action="store_true", help="list the cases, sizes and estimated times; no GPU")
+    gpu.add_argument("--deadline-s", type=_positive, default=420, metavar="S",
+                     help="global deadline in seconds, shared among the parts (default 420)")
     gpu.set_defaults(func=_gpu_check)
 
     from .explain import add_subcommand as add_explain

@@ -36,29 +36,6 @@ def assert_close(actual, reference, dtype, plain=None, scale=1.0):
         assert err.max(initial=0.0) <= bound, f"error {err.max():.3g} > 2 × plain {name} error {plain_err:.3g}"
 
 
-def round_to_bfloat16(x):
-    """float32 values rounded to the nearest bfloat16 (ties to even), returned as float32: the top 16 bits of
-    binary32 kept (bfloat16 is binary32 with 7 fraction bits); NaN stays NaN."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # add half the dropped range, even on a tie
-    out = rounded.astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(x), np.float32(np.nan), out)
-
-
-def plain_bfloat16_attention(q, k, v, causal):
-    """Attention done plainly in bfloat16, as a framework's unfused bfloat16 attention stores it: float32 q, k, v
-    (bfloat16 values), S, P and O rounded to bfloat16 when stored, sums in float32."""
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = round_to_bfloat16((q @ k.swapaxes(-1, -2)) / np.float32(np.sqrt(q.shape[-1])))  # (B, Hq, Nq, Nk)
-    nq, nk = s.shape[-2:]
-    if causal:
-        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq, s, np.float32(-np.inf))
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p = round_to_bfloat16(p / p.sum(axis=-1, keepdims=True))
-    return round_to_bfloat16(p @ v)
-
-
 def plain_attention(q, k, v, causal):
     """Attention done plainly in the inputs' own precision (for flash-attn's low-precision rule)."""
     dt = q.dtype

@@ -1,9 +1,14 @@
-"""The test helpers that no CPU test exercises otherwise (the bfloat16 rounding of the CuPy tests)."""
+"""The rounding helpers that no CPU test exercises otherwise (the bfloat16 rounding of the CuPy tests and the GPU
+check, ``kernels.attn.round_to``)."""
 from __future__ import annotations
 
 import numpy as np
 
-from tests.helpers import round_to_bfloat16
+from kernels.attn import round_to
+
+
+def round_to_bfloat16(x):
+    return round_to(x, "bfloat16")
 
 
 def test_round_to_bfloat16_keeps_8_significant_bits_ties_to_even(rng):

@@ -3,7 +3,8 @@ the GPU (Numba-CUDA, and CUDA C on tensor cores through CuPy, where bfloat16 run
 from ._api import ALGORITHMS, BACKENDS, attention, attention_bfloat16, flash_memory_bytes
 from ._blocks import default_blocks
 from ._cupy import from_bfloat16_bits, to_bfloat16_bits
-from ._reference import reference
+from ._reference import plain_attention, reference, round_to, within_tolerance
 
 __all__ = ["ALGORITHMS", "BACKENDS", "attention", "attention_bfloat16", "default_blocks", "flash_memory_bytes",
-           "from_bfloat16_bits", "reference", "to_bfloat16_bits"]
+           "from_bfloat16_bits", "plain_attention", "reference", "round_to", "to_bfloat16_bits",
+           "within_tolerance"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tolerances import LOW_PRECISION_FACTOR, TOLERANCES, UNIT_ROUNDOFF
 from ._validate import normalize
 
 
@@ -56,3 +57,50 @@ def reference(q, k, v, *, causal=False, scale=None, return_lse=False):
     o = o.reshape(shape)
     lse = lse.reshape(shape[:-1])
     return (o, lse) if return_lse else o
+
+
+def round_to(x, dtype: str):
+    """``x`` rounded to ``dtype`` ("float16", or "bfloat16" by round-half-to-even on the 16 bits it drops, IEEE
+    754), returned as float32: how low-precision inputs and steps are emulated on the host."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        raise ValueError(f"dtype must be 'float16' or 'bfloat16'; got {dtype!r}")
+    bits = x.view(np.uint32).astype(np.uint64)  # (64-bit: adding half the dropped range must not wrap)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # add half the dropped range, even on a tie
+    return np.where(np.isnan(x), np.float32(np.nan), rounded.astype(np.uint32).view(np.float32))  # NaN stays
+
+
+def plain_attention(q, k, v, causal: bool, dtype: str):
+    """Attention done plainly with every step rounded to ``dtype`` ("float16" or "bfloat16"), in float32 on the
+    host (BLAS-fast, unlike NumPy's float16 arithmetic): the baseline of flash-attn's low-precision rule."""
+    rnd = lambda x: round_to(x, dtype)  # noqa: E731
+    q, k, v = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kk, vv = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (B, Hq, Nk, d)
+    s = rnd(rnd(q @ np.swapaxes(kk, -1, -2)) * rnd(1 / np.sqrt(q.shape[-1])))  # (B, Hq, Nq, Nk)
+    nq, nk = s.shape[-2:]
+    if causal:
+        s = np.where(np.arange(nk)[None, :] <= np.arange(nq)[:, None] + nk - nq, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
+    m = np.where(np.isneginf(m), 0, m)
+    p = rnd(np.exp(s - m))  # (B, Hq, Nq, Nk)
+    l = rnd(p.sum(axis=-1, keepdims=True))  # (B, Hq, Nq, 1)
+    return rnd(rnd(p @ vv) / np.where(l == 0, 1, l))  # (B, Hq, Nq, d)
+
+
+def within_tolerance(out, ref, dtype: str, plain=None) -> tuple[float, float, bool]:
+    """(max |out − ref|, the bound, passed) under ``kernels.tolerances``: its table for float32/float64, and
+    flash-attn's rule for float16/bfloat16 (``plain`` is the same attention done plainly in that precision).
+    NaN or inf in ``out`` where ``ref`` is finite fails."""
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    err = float(np.abs(out - ref).max(initial=0.0))
+    scale = float(np.abs(ref).max(initial=0.0))
+    if dtype in UNIT_ROUNDOFF:
+        plain_err = float(np.abs(np.asarray(plain, dtype=np.float64) - ref).max(initial=0.0))
+        bound = LOW_PRECISION_FACTOR * plain_err + UNIT_ROUNDOFF[dtype] * scale
+    else:
+        bound = TOLERANCES[dtype]["atol"] + TOLERANCES[dtype]["rtol"] * scale
+    finite = bool(np.array_equal(np.isfinite(out), np.isfinite(ref)))
+    return err, bound, finite and err <= bound

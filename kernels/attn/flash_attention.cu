@@ -1,15 +1,24 @@
 // FlashAttention-2 forward on tensor cores, and the standard algorithm's softmax, for CuPy's RawModule.
 //
 // flash_forward: Dao, "FlashAttention-2" (2023), Algorithm 1. One block of BR / 16 warps per (batch · query
-// head, query tile of BR rows); warp w owns rows 16w .. 16w + 15 of the tile. Q is loaded once into shared
+// head, query tile of BR rows, key split); warp w owns rows 16w .. 16w + 15 of the tile. The grid is (B·Hq, Tr,
+// n_splits): batch × heads on x, whose limit is 2^31 − 1 (y and z stop at 65535). Q is loaded once into shared
 // memory and then into registers as mma.sync A fragments; K and V tiles of BC keys stream through two shared
-// stages with cp.async, so the next tile is in flight while the tensor cores work on the current one.
+// stages with cp.async, so the next tile is in flight while the tensor cores work on the current one. Fragments
+// come from shared memory by ldmatrix (PTX ISA, "ldmatrix": four 8 × 8 16-bit matrices per instruction,
+// each lane holding one 32-bit word of each): Q and K as stored, V with .trans, since the B operand of P V pairs
+// two keys of one column in a register.
 // S = Q Kᵀ and O += P V are mma.sync.m16n8k16 (float16 or bfloat16 in, float32 accumulate, PTX ISA §9.7.14),
 // with P handed from the S accumulators to the A operand of the second product in registers (FlashAttention-2
 // §3.1: no shared-memory round trip for P). The softmax runs in the log2 domain: s' = s · scale · log2(e),
 // p = 2^(s' − m'), lse = (m' + log2 l) · ln 2. Causal: the mask is aligned bottom-right (row i sees keys
 // j <= i + Nk − Nq) and the key loop stops at the last key the tile's last row can see. A row that sees no key
 // writes zeros and lse = −inf. GQA: query head h reads kv head h / (Hq / Hkv).
+//
+// Split-KV (Flash-Decoding; Dao et al. 2023, "Flash-Decoding for long-context inference"): with n_splits > 1 the
+// keys a tile sees are cut into n_splits ranges of whole BC tiles, one block each, so that decode (a few query
+// rows) still fills the machine; each block writes its rows' normalized partial output and lse in float32, and
+// flash_combine merges them: lse = log Σ_s e^(lse_s), o = Σ_s e^(lse_s − lse) o_s.
 //
 // softmax_rows: the standard algorithm's middle kernel (S and P in global memory): one block per row of S,
 // P = softmax(scale · S + mask) written over S, float32 inside, lse beside it.
@@ -81,8 +90,19 @@ template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
-__device__ __forceinline__ unsigned int load32(const unsigned short* p) {
-    return *reinterpret_cast<const unsigned int*>(p);  // two neighbouring 16-bit values (4-byte aligned)
+// ldmatrix.x4: lanes 8i .. 8i + 7 give the row addresses of matrix i (16-byte aligned rows of 8 16-bit values);
+// lane l receives r[i] = the 32-bit word (row l / 4, values 2·(l % 4), +1) of matrix i, or with .trans the values
+// (rows 2·(l % 4) and 2·(l % 4) + 1, column l / 4) of matrix i (PTX ISA, "Warp-level matrix load instruction:
+// ldmatrix")
+__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const unsigned short* row) {
+    const unsigned int at = static_cast<unsigned int>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
+    const unsigned int at = static_cast<unsigned int>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
 }
 
 // Shared memory, in 16-bit elements: Q (BR rows), then K and V, two stages of BC rows each; every row padded by
@@ -93,14 +113,17 @@ template <int D> struct Rows {
     static constexpr int CHUNKS = D / 8;  // 16-byte cp.async chunks per row
 };
 
+// o_part (n_splits, B·Hq, Nq, D) and lse_part (n_splits, B·Hq, Nq), float32, are written instead of o and lse
+// when n_splits > 1 (and may be null otherwise)
 template <typename T, int D, int BR, int BC>
 __global__ void __launch_bounds__(BR / 16 * 32)
 flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-              float* __restrict__ lse, int Hq, int Hkv, int Nq, int Nk, float scale_log2, int causal) {
+              float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part, int Hq, int Hkv,
+              int Nq, int Nk, float scale_log2, int causal) {
     constexpr int THREADS = BR / 16 * 32;
     constexpr int LD = Rows<D>::LD;
     constexpr int CHUNKS = Rows<D>::CHUNKS;
-    static_assert(D % 16 == 0 && BC % 16 == 0 && BR % 16 == 0, "tiles are whole mma shapes");
+    static_assert(D % 32 == 0 && BC % 16 == 0 && BR % 16 == 0, "tiles are whole mma shapes, x4 loads pair them");
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned short* q_s = reinterpret_cast<unsigned short*>(smem);  // (BR, LD)
     unsigned short* k_s = q_s + BR * LD;                              // (2, BC, LD)
@@ -111,8 +134,9 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const int lane = tid % 32;
     const int g = lane / 4;    // groupID: the row (and B column) this lane's fragments start at
     const int tig = lane % 4;  // thread in group: the column pair
-    const int m0 = blockIdx.x * BR;
-    const int bh = blockIdx.y;
+    const int m0 = blockIdx.y * BR;
+    const int bh = blockIdx.x;
+    const int split = blockIdx.z, n_splits = gridDim.z;
     const int b = bh / Hq;
     const int h = bh % Hq;
     const int hk = h / (Hq / Hkv);
@@ -129,9 +153,13 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     }
     cp_async_commit();
 
-    // the keys this tile needs: all, or (causal) up to the last one its last row sees — later tiles are skipped
+    // the keys this tile needs: all, or (causal) up to the last one its last row sees — later tiles are skipped;
+    // of those tiles, this split's share [j_begin, j_end)
     const int k_end = causal ? min(Nk, max(0, min(m0 + BR, Nq) + offset)) : Nk;
     const int Tc = (k_end + BC - 1) / BC;
+    const int per_split = (Tc + n_splits - 1) / n_splits;
+    const int j_begin = min(Tc, split * per_split);
+    const int j_end = min(Tc, j_begin + per_split);
     auto load_kv = [&](int tile, int stage) {
         unsigned short* ks = k_s + stage * BC * LD;
         unsigned short* vs = v_s + stage * BC * LD;
@@ -144,22 +172,21 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
             cp_async_16(vs + r * LD + col, v_bh + at, inside);
         }
     };
-    if (Tc > 0) load_kv(0, 0);
+    if (j_begin < j_end) load_kv(j_begin, j_begin & 1);
     cp_async_commit();
     cp_async_wait<1>();  // the Q group has landed (the first K/V group may still be in flight)
     __syncthreads();     // every thread's part of Q is in shared memory before anyone reads fragments
 
-    // Q as A fragments, kept in registers for the whole key loop: (D / 16 k-steps, 4 registers)
+    // Q as A fragments, kept in registers for the whole key loop: (D / 16 k-steps, 4 registers). One ldmatrix.x4
+    // per k-step: lane l points at row l % 16 of the warp's 16 rows, columns (l / 16) · 8 .. +7, so matrices 0..3
+    // are (rows 0-7, 8-15) × (columns 0-7, 8-15) of the 16 × 16 step: a0, a1, a2, a3 of the A layout above
     const int r_lo = warp * 16 + g;
     const int r_hi = r_lo + 8;
+    const int mat = lane / 8, mat_row = lane % 8;  // the ldmatrix matrix this lane addresses, and its row there
     unsigned int qf[D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        qf[kk][0] = load32(q_s + r_lo * LD + kk * 16 + 2 * tig);
-        qf[kk][1] = load32(q_s + r_hi * LD + kk * 16 + 2 * tig);
-        qf[kk][2] = load32(q_s + r_lo * LD + kk * 16 + 8 + 2 * tig);
-        qf[kk][3] = load32(q_s + r_hi * LD + kk * 16 + 8 + 2 * tig);
-    }
+    for (int kk = 0; kk < D / 16; ++kk)
+        ldmatrix_x4(qf[kk], q_s + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
 
     const int row_lo = m0 + r_lo;
     const int row_hi = m0 + r_hi;
@@ -169,25 +196,29 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     float m_lo = neg_inf(), m_hi = neg_inf();  // running max m' of rows r_lo and r_hi (log2 domain)
     float l_lo = 0.0f, l_hi = 0.0f;        // this lane's part of the running sums l (summed over tig at the end)
 
-    for (int j = 0; j < Tc; ++j) {
+    for (int j = j_begin; j < j_end; ++j) {
         // prefetch tile j + 1 into the other stage, then wait for tile j (an empty group keeps the count right)
-        if (j + 1 < Tc) load_kv(j + 1, (j + 1) & 1);
+        if (j + 1 < j_end) load_kv(j + 1, (j + 1) & 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // tile j is in shared memory for every warp
         const unsigned short* ks = k_s + (j & 1) * BC * LD;
         const unsigned short* vs = v_s + (j & 1) * BC * LD;
 
-        // S = Q Kᵀ for this warp's 16 rows and the tile's BC keys: B[k = d][n = key] = K[key][d]
+        // S = Q Kᵀ for this warp's 16 rows and the tile's BC keys: B[k = d][n = key] = K[key][d], so b0 and b1 are
+        // words of K's rows as stored. One ldmatrix.x4 covers two k-steps of one 8-key tile: lane l points at key
+        // nt·8 + l % 8, columns kk·16 + (l / 8) · 8, so matrices 0..3 are b0, b1 of step kk and b0, b1 of kk + 1
         float s[BC / 8][4];
 #pragma unroll
         for (int nt = 0; nt < BC / 8; ++nt) {
             s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const unsigned short* kp = ks + (nt * 8 + g) * LD + kk * 16 + 2 * tig;
-                const unsigned int bf[2] = {load32(kp), load32(kp + 8)};
-                mma_16816<T>(s[nt], qf[kk], bf);
+            for (int kk = 0; kk < D / 16; kk += 2) {
+                unsigned int kf[4];
+                ldmatrix_x4(kf, ks + (nt * 8 + mat_row) * LD + kk * 16 + mat * 8);
+                const unsigned int b_even[2] = {kf[0], kf[1]}, b_odd[2] = {kf[2], kf[3]};
+                mma_16816<T>(s[nt], qf[kk], b_even);
+                mma_16816<T>(s[nt], qf[kk + 1], b_odd);
             }
         }
 
@@ -240,7 +271,9 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
         }
 
         // O += P V: P's accumulators become A fragments in registers (two 8-key tiles per 16-key k-step);
-        // B[k = key][n = d] = V[key][d], two keys of one column per register
+        // B[k = key][n = d] = V[key][d], two keys of one column per register: ldmatrix .trans of V as stored.
+        // One x4 covers two 8-column tiles: lane l points at key kk·16 + (l / 8 % 2) · 8 + l % 8, columns
+        // dt·8 + (l / 16) · 8, so matrices 0..3 are b0, b1 of column tile dt and b0, b1 of dt + 1
 #pragma unroll
         for (int kk = 0; kk < BC / 16; ++kk) {
             const unsigned int pa[4] = {Bits<T>::from_floats(s[2 * kk][0], s[2 * kk][1]),
@@ -248,10 +281,12 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
                                         Bits<T>::from_floats(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                         Bits<T>::from_floats(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                const unsigned short* vp = vs + (kk * 16 + 2 * tig) * LD + dt * 8 + g;
-                const unsigned int bf[2] = {pack2(vp[0], vp[LD]), pack2(vp[8 * LD], vp[9 * LD])};
-                mma_16816<T>(acc_o[dt], pa, bf);
+            for (int dt = 0; dt < D / 8; dt += 2) {
+                unsigned int vf[4];
+                ldmatrix_x4_trans(vf, vs + (kk * 16 + (mat % 2) * 8 + mat_row) * LD + dt * 8 + (mat / 2) * 8);
+                const unsigned int b_even[2] = {vf[0], vf[1]}, b_odd[2] = {vf[2], vf[3]};
+                mma_16816<T>(acc_o[dt], pa, b_even);
+                mma_16816<T>(acc_o[dt + 1], pa, b_odd);
             }
         }
         __syncthreads();  // every warp is done with stage j & 1 before iteration j + 1 prefetches into it
@@ -264,6 +299,27 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
     const float inv_lo = l_lo > 0.0f ? 1.0f / l_lo : 0.0f;
     const float inv_hi = l_hi > 0.0f ? 1.0f / l_hi : 0.0f;
+    // lse: −inf for a row that saw no key (l = 0), NaN for a row a NaN reached (l = NaN), so the combine sees it
+    const float lse_lo = l_lo > 0.0f ? (m_lo + __log2f(l_lo)) * LN2 : (l_lo == 0.0f ? neg_inf() : l_lo);
+    const float lse_hi = l_hi > 0.0f ? (m_hi + __log2f(l_hi)) * LN2 : (l_hi == 0.0f ? neg_inf() : l_hi);
+    if (n_splits > 1) {  // this split's normalized partial rows, float32, for flash_combine
+        const size_t part = (static_cast<size_t>(split) * gridDim.x + bh) * Nq;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            const int col = dt * 8 + 2 * tig;
+            if (row_lo < Nq)
+                *reinterpret_cast<float2*>(o_part + (part + row_lo) * D + col) =
+                    make_float2(acc_o[dt][0] * inv_lo, acc_o[dt][1] * inv_lo);
+            if (row_hi < Nq)
+                *reinterpret_cast<float2*>(o_part + (part + row_hi) * D + col) =
+                    make_float2(acc_o[dt][2] * inv_hi, acc_o[dt][3] * inv_hi);
+        }
+        if (tig == 0) {
+            if (row_lo < Nq) lse_part[part + row_lo] = lse_lo;
+            if (row_hi < Nq) lse_part[part + row_hi] = lse_hi;
+        }
+        return;
+    }
     T* o_bh = o + static_cast<size_t>(bh) * Nq * D;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
@@ -277,9 +333,43 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     }
     if (tig == 0) {
         float* lse_bh = lse + static_cast<size_t>(bh) * Nq;
-        if (row_lo < Nq) lse_bh[row_lo] = l_lo > 0.0f ? (m_lo + __log2f(l_lo)) * LN2 : neg_inf();
-        if (row_hi < Nq) lse_bh[row_hi] = l_hi > 0.0f ? (m_hi + __log2f(l_hi)) * LN2 : neg_inf();
+        if (row_lo < Nq) lse_bh[row_lo] = lse_lo;
+        if (row_hi < Nq) lse_bh[row_hi] = lse_hi;
     }
+}
+
+// Split-KV's second step: one thread per (row, column) of o over rows = B·Hq·Nq. lse = m + log Σ_s e^(lse_s − m)
+// with m the largest lse_s; o = Σ_s e^(lse_s − lse) o_s. A row no split saw (every lse_s = −inf) gets zeros and
+// lse = −inf, as the unsplit kernel writes it; a NaN in any split's lse or o makes the row NaN (fmaxf alone would
+// drop it), as the unsplit kernel's row would be.
+template <typename T, int D>
+__global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                              T* __restrict__ o, float* __restrict__ lse, int rows, int n_splits) {
+    const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over (rows, D)
+    if (idx >= static_cast<size_t>(rows) * D) return;
+    const size_t row = idx / D;
+    const int col = static_cast<int>(idx % D);
+    float m = neg_inf();
+    bool nan = false;
+    for (int sp = 0; sp < n_splits; ++sp) {
+        const float x = lse_part[sp * static_cast<size_t>(rows) + row];
+        nan |= x != x;
+        m = fmaxf(m, x);
+    }
+    float total = 0.0f, acc = 0.0f;
+    if (nan) {
+        total = acc = m = __int_as_float(0x7fc00000);  // a quiet NaN, for o and lse alike
+    } else if (m != neg_inf()) {
+        for (int sp = 0; sp < n_splits; ++sp) {
+            const size_t at = sp * static_cast<size_t>(rows) + row;
+            const float w = __expf(lse_part[at] - m);  // e^(−inf) = 0 for a split that saw no key of this row
+            total += w;
+            acc += w * o_part[at * D + col];
+        }
+    }
+    const bool seen = nan || total > 0.0f;
+    o[idx] = from_float<T>(seen ? acc / total : 0.0f);
+    if (col == 0) lse[row] = seen ? m + __logf(total) : neg_inf();
 }
 
 // The standard algorithm's softmax over S (rows, Nk) written by a matmul: P = softmax(scale · S + causal mask)
@@ -326,16 +416,15 @@ softmax_rows(T* __restrict__ s, float* __restrict__ lse, int Nq, int Nk, float s
 }  // namespace ioaware
 
 #ifdef IOAWARE_INSTANTIATE_ALL  // the compile check (tests/kernels/test_cuda_compile.py) builds every variant
-template __global__ void ioaware::flash_forward<__half, 64, 64, 64>(const __half*, const __half*, const __half*,
-                                                                    __half*, float*, int, int, int, int, float, int);
-template __global__ void ioaware::flash_forward<__half, 128, 64, 64>(const __half*, const __half*, const __half*,
-                                                                     __half*, float*, int, int, int, int, float, int);
-template __global__ void ioaware::flash_forward<__nv_bfloat16, 64, 64, 64>(
-    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, float*, int, int, int, int,
-    float, int);
-template __global__ void ioaware::flash_forward<__nv_bfloat16, 128, 64, 64>(
-    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, float*, int, int, int, int,
-    float, int);
+#define IOAWARE_FLASH(T, D)                                                                                        \
+    template __global__ void ioaware::flash_forward<T, D, 64, 64>(const T*, const T*, const T*, T*, float*, float*, \
+                                                                   float*, int, int, int, int, float, int);        \
+    template __global__ void ioaware::flash_combine<T, D>(const float*, const float*, T*, float*, int, int);
+IOAWARE_FLASH(__half, 64)
+IOAWARE_FLASH(__half, 128)
+IOAWARE_FLASH(__nv_bfloat16, 64)
+IOAWARE_FLASH(__nv_bfloat16, 128)
+#undef IOAWARE_FLASH
 template __global__ void ioaware::softmax_rows<__half, 256>(__half*, float*, int, int, float, int);
 template __global__ void ioaware::softmax_rows<__nv_bfloat16, 256>(__nv_bfloat16*, float*, int, int, float, int);
 #endif

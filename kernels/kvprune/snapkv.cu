@@ -6,6 +6,10 @@
 //                  e^(s_ij − m_i) / l_i to the votes of the prefix keys it owns. Scores are recomputed in each
 //                  pass (w · N · d multiply-adds, three times) rather than stored: an N-long row of one head
 //                  does not fit shared memory at long prompts.
+//   window_row_stats, window_column_votes   the same votes from S = Q_w Kᵀ computed once as a GEMM (cuBLAS, by
+//                  the launcher): one block per window row for its max and Σ e^(s − max) over the keys it sees,
+//                  then one thread per (head, prefix key) summing e^(s_ij − m_i) / l_i down its column of S, reads
+//                  coalesced across the warp. w · N · d multiply-adds once instead of three times.
 //   pool_rows      max or average over a centred window along positions (stride 1, padding kernel_size / 2;
 //                  max ignores the padding, avg counts it as zeros), one thread per element.
 //   group_mean     gqa="mean": a kv head's score is the mean of its query heads'.
@@ -73,6 +77,45 @@ window_votes(const float* __restrict__ qw, const float* __restrict__ k, int Hq, 
         }
         __syncthreads();  // q_s is rewritten for the next query
     }
+}
+
+// s: (B·Hq·w, N) scores q·k (unscaled); row r is window query i = r % w, which sees keys j < N − w + i + 1
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS)
+window_row_stats(const float* __restrict__ s, int w, int N, float scale, float* __restrict__ row_max,
+                 float* __restrict__ row_sum) {
+    __shared__ float red[THREADS];
+    const int r = blockIdx.x;
+    const int t = threadIdx.x;
+    const int n_vis = N - w + r % w + 1;  // causal inside the window
+    const float* s_row = s + static_cast<size_t>(r) * N;
+    float m = neg_inf();
+    for (int j = t; j < n_vis; j += THREADS) m = fmaxf(m, s_row[j] * scale);
+    m = block_reduce<THREADS>(m, red, true);
+    float total = 0.0f;
+    for (int j = t; j < n_vis; j += THREADS) total += __expf(s_row[j] * scale - m);
+    total = block_reduce<THREADS>(total, red, false);
+    if (t == 0) {
+        row_max[r] = m;
+        row_sum[r] = total;
+    }
+}
+
+// votes (B·Hq, P = N − w): the column sums of the window's softmax over the prefix keys, one thread per entry
+__global__ void window_column_votes(const float* __restrict__ s, const float* __restrict__ row_max,
+                                    const float* __restrict__ row_sum, int rows, int w, int N, float scale,
+                                    float* __restrict__ votes) {
+    const int P = N - w;
+    const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over (B·Hq, P)
+    if (idx >= static_cast<size_t>(rows) * P) return;
+    const size_t bh = idx / P;
+    const int j = static_cast<int>(idx % P);
+    float acc = 0.0f;
+    for (int i = 0; i < w; ++i) {  // every window query sees every prefix key
+        const size_t r = bh * w + i;
+        acc += __expf(s[r * N + j] * scale - row_max[r]) * (1.0f / row_sum[r]);
+    }
+    votes[idx] = acc;
 }
 
 __global__ void pool_rows(const float* __restrict__ x, int R, int P, int kernel_size, int use_max,
@@ -200,6 +243,7 @@ __global__ void gather_rows(const E* __restrict__ k, const E* __restrict__ v, co
 #ifdef IOAWARE_INSTANTIATE_ALL  // the compile check (tests/kernels/test_cuda_compile.py) builds every variant
 template __global__ void ioaware::window_votes<256>(const float*, const float*, int, int, int, int, int, float,
                                                     float*);
+template __global__ void ioaware::window_row_stats<256>(const float*, int, int, float, float*, float*);
 template __global__ void ioaware::topk_radix<256>(const float*, int, int, int, int, long long*);
 template __global__ void ioaware::gather_rows<unsigned short>(const unsigned short*, const unsigned short*,
                                                              const long long*, int, int, int, int, int, int,

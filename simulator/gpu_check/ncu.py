@@ -1,0 +1,93 @@
+"""Part 4, DRAM bytes: Nsight Compute's ``dram__bytes_read.sum`` and ``dram__bytes_write.sum`` over each probe's
+kernels (``simulator/gpu_probe.py``), beside the cost model's prediction for the H200 preset.
+
+ncu runs with ``--clock-control none`` (the card's clocks as found; METHOD.md: leave its settings alone) and
+``--cache-control all`` (caches flushed before each replay pass: cold-cache DRAM bytes, what the cost model
+counts), a time limit of TOOL_LIMIT_S each. The standard baseline runs without a kernel filter, so that cuBLAS's
+GEMMs count whatever their names; the other probes launch only their own kernels besides copies.
+"""
+from __future__ import annotations
+
+import csv
+import shutil
+import sys
+
+from ._rows import Case
+from ._runner import run_tool
+from .plan import NCU_RUN_S
+
+COLUMNS = ["probe", "size", "ncu_read_bytes", "ncu_write_bytes", "predicted_bytes", "predicted_over_measured",
+           "kernels_profiled", "tool_rc"]
+TOOL_LIMIT_S = 90.0
+PROBES = ("flash", "int8", "flash-decode", "standard")  # in order of priority; SnapKV has no predicted bytes
+
+
+def predicted_bytes(probe: str, s: dict) -> float | None:
+    """The cost model's HBM bytes (read + written) of a probe on the H200 preset; None where it has no
+    counterpart (SnapKV's selection)."""
+    from .. import costs
+    from ..hardware import load
+
+    h200 = load("H200-SXM")
+    if probe == "flash":
+        c = costs.flash2_forward(s["B"], s["Hq"], s["Hkv"], s["Nq"], s["Nk"], s["d"], elem_bytes=2, Br=64, Bc=64)
+    elif probe == "flash-decode":
+        c = costs.decode(s["B"], s["Hq"], s["Hkv"], s["Nk"], s["d"], elem_bytes=2, Bc=64)
+    elif probe == "standard":
+        c = costs.standard_forward(s["B"], s["Hq"], s["Hkv"], s["Nq"], s["Nk"], s["d"], elem_bytes=2,
+                                   sram_bytes=h200.sram_per_sm_bytes)
+    elif probe == "int8":
+        c = costs.int8_split(s["M"], s["K"], s["N"], s["outliers"], elem_bytes=4, out_bytes=4)
+    else:
+        return None
+    return float(c.hbm_read_bytes + c.hbm_write_bytes)
+
+
+def parse_ncu_csv(text: str) -> tuple[float, float, int]:
+    """(read bytes, written bytes, kernels) summed over the kernels of ncu's ``--csv --page raw`` output."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    read = write = 0.0
+    seen = 0
+    for r in csv.DictReader(lines):
+        try:
+            read += float(str(r.get("dram__bytes_read.sum", "")).replace(",", ""))
+            write += float(str(r.get("dram__bytes_write.sum", "")).replace(",", ""))
+            seen += 1
+        except ValueError:
+            continue  # the units row
+    return read, write, seen
+
+
+def _probe(probe: str) -> Case:
+    from ..gpu_probe import KERNEL_REGEX, sizes
+
+    s = sizes(probe, small=False)
+
+    def run():
+        pred = predicted_bytes(probe, s)
+        row = {"predicted_bytes": f"{pred:.6g}" if pred else ""}
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            return {**row, "status": "not run", "note": "ncu is not on the PATH"}
+        kernel_filter = [] if probe == "standard" else ["--kernel-name", f"regex:{KERNEL_REGEX}"]
+        cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--target-processes", "all",
+               *kernel_filter, "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum", "--csv", "--page", "raw",
+               "--print-units", "base", sys.executable, "-m", "simulator.gpu_probe", probe]
+        result = run_tool(cmd, TOOL_LIMIT_S)
+        row["tool_rc"] = "" if result.returncode is None else result.returncode
+        if result.timed_out:
+            return {**row, "status": "timed out", "note": result.tail()}
+        read, write, seen = parse_ncu_csv(result.stdout)
+        if not seen:
+            return {**row, "status": "not run", "note": "ncu read no counters: " + result.tail()}
+        row.update(ncu_read_bytes=f"{read:.6g}", ncu_write_bytes=f"{write:.6g}", kernels_profiled=seen)
+        if pred:
+            row["predicted_over_measured"] = f"{pred / (read + write):.3f}"
+        return {**row, "status": "ok"}
+
+    return Case(name=f"ncu {probe}", size=" ".join(f"{k}={v}" for k, v in s.items()), run=run,
+                estimate_s=NCU_RUN_S, limit_s=TOOL_LIMIT_S + 30, columns={"probe": probe})
+
+
+def cases(quick: bool) -> list[Case]:
+    return [] if quick else [_probe(p) for p in PROBES]
