@@ -2,7 +2,7 @@
 
 Cache sizes come from the OS; DRAM bandwidth from a STREAM-style triad (McCalpin 1995) run on all cores, counting
 the bytes a triad really moves; peak FLOP/s from a large sgemm; the cache bandwidth from the same triad on arrays
-that fit in one core's L2; the launch overhead from an empty parallel region.
+that fit in the cores' L2, swept many times in one parallel region; the launch overhead from an empty parallel region.
 """
 from __future__ import annotations
 
@@ -26,6 +26,19 @@ SGEMM_N = 2048
 def _triad(a, b, c, s):
     for i in prange(a.size):
         a[i] = b[i] + s * c[i]
+
+
+@njit(parallel=True, cache=True)
+def _triad_sweeps(a, b, c, s, sweeps, n_chunks):
+    """``sweeps`` triads in one parallel region, each of ``n_chunks`` tasks (one per thread) over its own chunk, so
+    that the chunk stays in that core's cache and one wake-up of the pool is spread over all the sweeps; the
+    factor changes per sweep, so no sweep repeats another's work."""
+    chunk = (a.size + n_chunks - 1) // n_chunks
+    for t in prange(n_chunks):
+        for sweep in range(sweeps):
+            f = s + sweep
+            for i in range(t * chunk, min(a.size, (t + 1) * chunk)):
+                a[i] = b[i] + f * c[i]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -57,6 +70,25 @@ def triad_bandwidth(n_bytes: int, repeats: int = 5) -> float:
     a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
     timing = time_call(lambda: _triad(a, b, c, 3.0), repeats=repeats, warmup=2, settle_s=0.0)
     return 4 * 8 * n / timing.min_s
+
+
+CACHE_SWEEP_BYTES = 256 * 2**20  # bytes one cache measurement moves: ~10 ms even at 30 GB/s, far above a wake-up
+
+
+def cache_triad_bandwidth(n_bytes: int, repeats: int = 5) -> float:
+    """Bytes/s of the triad over float64 arrays of ``n_bytes`` each that stay in the cores' caches: repeated sweeps
+    inside one parallel region (``_triad_sweeps``), so that the pool's wake-up (tens of microseconds with passive
+    waits, more than one sweep over a cache-sized array) does not count; 32 B per element, as ``triad_bandwidth``.
+    """
+    import numba
+
+    n = max(1, n_bytes // 8)
+    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
+    sweeps = max(1, CACHE_SWEEP_BYTES // (4 * 8 * n))
+    threads = numba.get_num_threads()
+    timing = time_call(lambda: _triad_sweeps(a, b, c, 3.0, sweeps, threads), repeats=repeats, warmup=1,
+                       settle_s=0.0)
+    return sweeps * 4 * 8 * n / timing.min_s
 
 
 def read_bandwidth(n_bytes: int = TRIAD_DRAM_BYTES, repeats: int = 5) -> float:
@@ -97,7 +129,7 @@ def calibrate() -> HardwareSpec:
     cores = os.cpu_count() or 1
     # Numba's parallel regions first, NumPy's BLAS last: OpenBLAS's threads spin for a while after an sgemm, and
     # a triad of a few microseconds run beside them measured 8 ms per call (seen after the model tests)
-    cache_bw = triad_bandwidth(l2 // 4)  # three arrays that fit in L2 together, split over the cores
+    cache_bw = cache_triad_bandwidth(l2 // 4)  # three arrays that fit in one L2 together, split over the cores
     dram_bw = triad_bandwidth(TRIAD_DRAM_BYTES)
     launch_s = launch_overhead()
     fp32 = sgemm_flops()
