@@ -2,7 +2,8 @@
 
 Cache sizes come from the OS; DRAM bandwidth from a STREAM-style triad (McCalpin 1995) run on all cores, counting
 the bytes a triad really moves; peak FLOP/s from a large sgemm; the cache bandwidth from the same triad on arrays
-that fit in the cores' L2, swept many times in one parallel region; the launch overhead from an empty parallel region.
+that fit in the cores' L2, swept many times in one parallel region; the launch overhead from an empty parallel
+region.
 """
 from __future__ import annotations
 
