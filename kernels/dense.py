@@ -1,7 +1,7 @@
 """Dense float32 layers stored as (out, in), the way checkpoints store them: ``matmul_nt(x, w) = x · wᵀ``.
 
-Many rows (a prefill) go to BLAS on Numba's threads (``kernels._common.blas.batched_matmul``), which reads wᵀ in place.
-A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
+Many rows (a prefill) go to BLAS on Numba's threads (``kernels._common.blas.batched_matmul``), which reads wᵀ in
+place. A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
 Numba's threads. Either way NumPy's BLAS threads never wake: on 2 cores the two pools spun against each other
 after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
 the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).

@@ -2,8 +2,8 @@
 
 This is the algorithm FlashAttention replaces (Dao et al. 2022, Algorithm 0): S is written, the softmax reads S
 and writes P, and P V reads P, so it needs 2 · B · Hq · Nq · Nk elements of extra memory. Its matmuls run on
-BLAS on all cores (through Numba's pool, ``kernels._common.blas.batched_matmul``), its elementwise passes in NumPy on one
-core each, as frameworks' unfused attention does.
+BLAS on all cores (through Numba's pool, ``kernels._common.blas.batched_matmul``), its elementwise passes in
+NumPy on one core each, as frameworks' unfused attention does.
 """
 from __future__ import annotations
 
