@@ -10,6 +10,21 @@ COMPUTE_DTYPE = {np.dtype(np.float16): np.dtype(np.float32),
                  np.dtype(np.float64): np.dtype(np.float64)}
 
 
+def check_finite(name: str, x, why: str) -> None:
+    """Raise ``ValueError`` naming ``name`` and ``why`` if the array ``x`` (host or device) holds NaN or ±inf; a
+    device array is checked on its device."""
+    from . import gpu
+
+    if gpu.is_device_array(x):
+        from .numba_cuda import all_finite
+
+        finite = all_finite(gpu.to_numba(gpu.contiguous(x)))
+    else:
+        finite = bool(np.isfinite(x).all())
+    if not finite:
+        raise ValueError(f"{name} contains NaN or ±inf, {why}")
+
+
 def check_float_dtype(name: str, x) -> None:
     """Raise ``TypeError`` unless the array ``x`` (host or device) has one of the accepted float dtypes."""
     if np.dtype(x.dtype) not in COMPUTE_DTYPE:

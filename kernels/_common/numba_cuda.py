@@ -1,9 +1,10 @@
 """What the Numba-CUDA kernels share: block-wide reductions through shared memory (device functions), and the
-fill and dtype cast of device arrays. Imported lazily, with the kernels; Numba's simulator swaps this module's
+fill, dtype cast and finite check of device arrays. Imported lazily, with the kernels; Numba's simulator swaps this module's
 ``cuda`` for its own, as it does the kernels'."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import cuda
@@ -63,12 +64,19 @@ def _elementwise_kernels():
         if i < src.size:
             dst[i] = src[i]
 
-    return fill_kernel, cast_kernel
+    @cuda.jit
+    def count_nonfinite(x, count):
+        """count[0] += the number of NaN or ±inf elements of the flat array x."""
+        i = cuda.grid(1)
+        if i < x.size and not math.isfinite(x[i]):
+            cuda.atomic.add(count, 0, 1)
+
+    return fill_kernel, cast_kernel, count_nonfinite
 
 
 def fill(x, value):
     """Set every element of the device array ``x`` to ``value`` (one thread per element)."""
-    kernel, _ = _elementwise_kernels()
+    kernel = _elementwise_kernels()[0]
     if x.size:
         kernel[gpu.launch_1d(x.size, ELEMENTWISE_THREADS)](x.reshape(x.size), value)
 
@@ -79,6 +87,15 @@ def cast(x, dtype):
         return x
     out = cuda.device_array(x.shape, dtype=dtype)
     if x.size:
-        _, kernel = _elementwise_kernels()
+        kernel = _elementwise_kernels()[1]
         kernel[gpu.launch_1d(x.size, ELEMENTWISE_THREADS)](x.reshape(x.size), out.reshape(x.size))
     return out
+
+
+def all_finite(x) -> bool:
+    """Whether the contiguous device array ``x`` holds no NaN or ±inf (one pass, an atomic counter)."""
+    if x.size == 0:
+        return True
+    count = cuda.to_device(np.zeros(1, dtype=np.int32))
+    _elementwise_kernels()[2][gpu.launch_1d(x.size, ELEMENTWISE_THREADS)](x.reshape(x.size), count)
+    return int(count.copy_to_host()[0]) == 0

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
-from .._common.dtypes import check_float_dtype
+from .._common.dtypes import check_finite, check_float_dtype
 from . import _numba_cpu
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
@@ -259,12 +259,9 @@ def _check_any_float(name, x, ndim):
 
 
 def _check_device_float(name, x, ndim):
-    from . import _numba_cuda
-
     check_float_dtype(name, x)
     _check_ndim(name, x, ndim)
-    if not _numba_cuda.all_finite(_gpu.to_numba(_gpu.contiguous(x))):
-        raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
+    check_finite(name, x, "which int8 cannot represent")
 
 
 def int8_matmul(x, w, *, threshold=6.0, backend="auto"):

@@ -137,14 +137,7 @@ def _kernels(T: int, THREADS: int):
             acc += f32(x_out[m, j]) * f32(w_out[j, n])
         y[m, n] = acc
 
-    @cuda.jit
-    def count_nonfinite(x, count):
-        """count[0] += the number of NaN or ±inf elements of the flat array x."""
-        i = cuda.grid(1)
-        if i < x.size and not math.isfinite(x[i]):
-            cuda.atomic.add(count, 0, 1)
-
-    return (outlier_columns, quantize_rows, gemm_i8, dequantize, gather_outliers, outlier_gemm, count_nonfinite)
+    return outlier_columns, quantize_rows, gemm_i8, dequantize, gather_outliers, outlier_gemm
 
 
 
@@ -175,8 +168,8 @@ def gemm(x_i8, w_i8):
 def split_matmul(x, w_i8, absmax_w, threshold):
     """The decomposition on the device: x (M, K) float32, the quantized weight; returns (y (M, N) float32,
     outlier column indices as a NumPy array)."""
-    (outlier_columns, quantize_rows, _, dequantize, gather_outliers, outlier_gemm, _) = _kernels(MATMUL_TILE,
-                                                                                                ROW_THREADS)
+    outlier_columns, quantize_rows, _, dequantize, gather_outliers, outlier_gemm = _kernels(MATMUL_TILE,
+                                                                                              ROW_THREADS)
     M, K = x.shape
     N = w_i8.shape[0]
     flags = cuda.device_array(K, dtype=np.bool_)
@@ -203,15 +196,6 @@ def split_matmul(x, w_i8, absmax_w, threshold):
         gather_outliers[_gpu.launch_1d(max(M * J, J * N), FLAT_THREADS)](x, w_i8, absmax_w, cols, x_out, w_out)
         outlier_gemm[_gpu.launch_1d(M * N, FLAT_THREADS)](x_out, w_out, y)
     return y, outliers
-
-
-def all_finite(x) -> bool:
-    """Whether the device array x holds no NaN or ±inf (one pass, an atomic counter)."""
-    if x.size == 0:
-        return True
-    count = cuda.to_device(np.zeros(1, dtype=np.int32))
-    _kernels(MATMUL_TILE, ROW_THREADS)[6][_gpu.launch_1d(x.size, FLAT_THREADS)](x.reshape(x.size), count)
-    return int(count.copy_to_host()[0]) == 0
 
 
 def cast_f32(x):

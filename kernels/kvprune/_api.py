@@ -9,7 +9,7 @@ import numpy as np
 
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
-from .._common.dtypes import check_float_dtype
+from .._common.dtypes import check_finite, check_float_dtype
 from .._common.blas import single_threaded_blas
 from . import _numba_cpu
 
@@ -61,9 +61,10 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
-def _check_inputs(q, k, v=None, *, device_ok=False, same_length=True):
+def _check_inputs(q, k, v=None, *, device_ok=False, same_length=True, scored=False):
     """The arrays' types, dtypes and shapes, before any kernel indexes them: 4-D, B, H and d >= 1, k and v alike,
-    q and k sharing B and d, Hq a multiple of Hkv, and (``same_length``) q and k the prompt's N queries and keys."""
+    q and k sharing B and d, Hq a multiple of Hkv, (``same_length``) q and k the prompt's N queries and keys, and
+    (``scored``: the policy ranks positions by attention) no NaN or ±inf in q and k, which no ranking survives."""
     arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
     for name, x in arrays:
         if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
@@ -89,6 +90,9 @@ def _check_inputs(q, k, v=None, *, device_ok=False, same_length=True):
     on_device = [_gpu.is_device_array(x) for _, x in arrays]
     if any(on_device) and not all(on_device):
         raise TypeError("q, k and v must all be NumPy arrays or all device arrays")
+    if scored:
+        for name, x in arrays[:2]:
+            check_finite(name, x, "so its attention scores cannot rank the positions to keep")
 
 
 def _check_choice(name, value, choices):
@@ -133,7 +137,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     scores : ndarray, float32 (float64 for float64 input), the pooled sum over the window queries of their
         softmax probabilities (scaled by 1/sqrt(d), causal inside the window) for positions [0, N − w).
     """
-    _check_inputs(q_window, k, device_ok=True, same_length=False)
+    _check_inputs(q_window, k, device_ok=True, same_length=False, scored=True)
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
     backend = choose_backend("snapkv_scores", backend, {"q_window": q_window, "k": k})
     B, Hq, w, d = q_window.shape
@@ -232,7 +236,7 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     ValueError, TypeError
         capacity <= window, window < 1, an even or non-positive kernel_size, unknown pooling or gqa, bad shapes.
     """
-    _check_inputs(q, k, v, device_ok=True)
+    _check_inputs(q, k, v, device_ok=True, scored=True)
     window = _check_int("window", window, 1)
     capacity = _check_int("capacity", capacity, 1)
     if capacity <= window:
@@ -331,7 +335,7 @@ def h2o_scores(q, k, *, block=128, backend="auto"):
     """Attention each key received, summed over all prompt queries (causal), averaged over a kv head's query
     heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N) per thread. The CPU tier
     only: device arrays are refused with a message, not copied."""
-    _check_inputs(q, k, device_ok=True)
+    _check_inputs(q, k, device_ok=True, scored=True)
     choose_backend("h2o_scores", backend, {"q": q, "k": k}, tiers=("cpu",))
     block = _check_int("block", block, 1)
     B, Hq, N, d = q.shape
@@ -347,7 +351,7 @@ def h2o(q, k, v, *, capacity, scores=None, backend="auto"):
     """H2O (Zhang et al. 2023): half the budget for the heavy hitters (most accumulated attention from all prompt
     queries), half for the most recent tokens. ``scores``: ``h2o_scores(q, k)`` computed beforehand, to try
     several capacities on one prompt without scoring it again. The CPU tier only, as ``h2o_scores``."""
-    _check_inputs(q, k, v, device_ok=True)
+    _check_inputs(q, k, v, device_ok=True, scored=True)
     choose_backend("h2o", backend, {"q": q, "k": k, "v": v}, tiers=("cpu",))
     capacity = _check_int("capacity", capacity, 2)
     B, Hkv, N = k.shape[:3]

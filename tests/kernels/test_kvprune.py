@@ -153,3 +153,17 @@ def test_bad_shapes_are_named(rng, make, pattern):
     if v_bad.shape == k_bad.shape:  # h2o_scores takes no v
         with pytest.raises((ValueError, TypeError), match=pattern):
             kvprune.h2o_scores(q_bad, k_bad)
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_scores_refuse_nan_and_inf(rng, where, bad):
+    # a NaN or inf score ranks nothing: before, SnapKV and H2O silently kept the first positions
+    q, k, v = _prompt(rng)
+    {"q": q, "k": k}[where][0, 1, 17 if where == "k" else -3, 3] = bad  # a prefix key, or a window query
+    calls = [lambda: snapkv_compress(q, k, v, capacity=64), lambda: snapkv_scores(q[:, :, -16:], k),
+             lambda: kvprune.h2o(q, k, v, capacity=64), lambda: kvprune.h2o_scores(q, k)]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"{where} contains NaN or ±inf"):
+            call()
+    kvprune.streaming_llm(q, k, v, capacity=64)  # keeps positions by place, not by score: nothing to refuse
