@@ -80,14 +80,38 @@ td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f
 border:1px solid #eee}code{background:#f3f3f3;padding:0 .2em}"""
 
 
-def _inline(text: str) -> str:
-    text = html.escape(text, quote=False)
-    text = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", r'<img alt="\1" src="\2">', text)
-    text = re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r'<a href="\2">\1</a>', text)
+_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^()\s]+)\)")  # ![alt](src) or [label](href)
+# a path relative to the page, inside the run directory: no scheme (javascript:, data:, http:), not absolute, no
+# "..", no characters that could end an attribute or start a tag
+_RELATIVE_PATH = re.compile(r"(?![A-Za-z][A-Za-z0-9+.-]*:)(?![/\\])(?!(?:.*/)?\.\.(?:/|$))[A-Za-z0-9_.,=+~%/#-]+")
+
+
+def _text(text: str) -> str:
+    """Plain text: every character escaped (quotes too), then code, bold and emphasis."""
+    text = html.escape(text, quote=True)
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
     text = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", text)
     text = re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<em>\1</em>", text)
     return text
+
+
+def _inline(text: str) -> str:
+    """One line of the Markdown subset as HTML. Whatever comes from data (a hardware name from a user's TOML file,
+    say) is escaped; links and images are rendered only for paths relative to the page, the files of the run
+    directory: anything else (``javascript:``, other sites, a quote that would end the attribute) stays text."""
+    out, pos = [], 0
+    for match in _LINK.finditer(text):
+        image, label, url = match.groups()
+        out.append(_text(text[pos:match.start()]))
+        if _RELATIVE_PATH.fullmatch(url):
+            href = html.escape(url, quote=True)
+            out.append(f'<img alt="{html.escape(label, quote=True)}" src="{href}">' if image
+                       else f'<a href="{href}">{_text(label)}</a>')
+        else:
+            out.append(_text(match.group(0)))
+        pos = match.end()
+    out.append(_text(text[pos:]))
+    return "".join(out)
 
 
 def markdown_to_html(markdown: str, title: str) -> str:

@@ -169,3 +169,34 @@ def test_console_script_runs_the_cli():
         pytest.skip(f"the package is not installed into {Path(sys.executable).parent} (pip install -e . adds it)")
     run = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "report" in run.stdout
+
+
+HOSTILE = ['![y](z" onerror="alert(2))', "[x](javascript:alert(1))", "<script>alert(3)</script>",
+           "[l](//evil.example/x)", "![d](data:image/png;base64,AAAA)", "[up](../../etc/passwd)", '"><img src=x>',
+           "| a | <b onmouseover=alert(4)> |"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_html_escapes_what_comes_from_data(hostile):
+    # a hardware TOML's name (or any CSV value) reaches headings, tables and text; only the Markdown subset's own
+    # relative links and images may become markup
+    from html.parser import HTMLParser
+
+    from simulator.report import markdown_to_html
+
+    markdown = (f"## Roofline of {hostile}\n\n| name | value |\n|---|---|\n| {hostile} | 1 |\n\n"
+                f"Text about {hostile}: ![chart](roofline.png) and [data](roofline.csv).\n")
+    tags = []
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            tags.append((tag, dict(attrs)))
+
+    Collect().feed(markdown_to_html(markdown, title=hostile))
+    allowed = {"html", "head", "meta", "title", "style", "body", "h2", "table", "tr", "th", "td", "p", "img", "a",
+               "code", "strong", "em"}
+    assert {tag for tag, _ in tags} <= allowed
+    for tag, attrs in tags:
+        assert set(attrs) <= {"lang", "charset", "alt", "src", "href"}, (tag, attrs)
+        for url in (attrs.get("src"), attrs.get("href")):
+            assert url is None or url in ("roofline.png", "roofline.csv"), url
