@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -37,16 +40,55 @@ def _positive(text):
     return value
 
 
+def _unwritable_parent(out: Path) -> str | None:
+    """Why the run directory ``out`` cannot be created, or None: its nearest existing ancestor must be a writable
+    directory (the report is built beside ``out`` and renamed into place)."""
+    ancestor = out.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable"
+    return None
+
+
+@contextlib.contextmanager
+def _stopped_cleanly_by(*names):
+    """Within the block, the signals ``names`` (SIGTERM, SIGHUP where the platform has them) raise SystemExit, so
+    that a run stopped from outside cleans up as an interrupted one does (build_report removes its half-written
+    directory on any exception); the previous handlers come back afterwards."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signals = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    previous = [signal.signal(sig, stop) for sig in signals]
+    try:
+        yield
+    finally:
+        for sig, handler in zip(signals, previous):
+            signal.signal(sig, handler)
+
+
 def _report(args) -> int:
     from .calibrate import cpu_spec
     from .report import SECTIONS, build_report, default_out_dir, planned_steps
 
-    out = Path(args.out) if args.out else default_out_dir()
+    if args.out is not None and not args.out.strip():
+        print("error: --out must name a directory; got an empty string (leave --out out for the default)",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out is not None else default_out_dir()
     if out.exists():
         print(f"error: --out {out} already exists; choose another directory", file=sys.stderr)
         return 2
+    problem = _unwritable_parent(out)
+    if problem:
+        print(f"error: --out {out}: {problem}", file=sys.stderr)
+        return 2
     total = 1 + planned_steps(SECTIONS, args.quick)  # the spec, then the sections' steps (tqdm shows an ETA)
-    with tqdm(desc="report", unit="step", total=total, file=sys.stderr, disable=args.no_progress) as bar:
+    with _stopped_cleanly_by("SIGTERM", "SIGHUP"), tqdm(desc="report", unit="step", total=total,
+                                                        file=sys.stderr, disable=args.no_progress) as bar:
         started = []
 
         def progress(description):  # called as a step starts: the bar counts the steps finished before it

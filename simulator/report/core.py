@@ -173,6 +173,9 @@ def build_report(out_dir: Path, *, quick: bool = False, seed: int = 0, hardware=
         markdown = "\n".join([header] + [f"## {s.title}\n\n{s.markdown}" for s in results])
         (tmp / "index.md").write_text(markdown)
         (tmp / "index.html").write_text(markdown_to_html(markdown, "ioaware report"))
+        umask = os.umask(0)  # (read it back: the only way to learn the umask)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # the run directory as mkdir would make it (mkdtemp's is 0700)
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

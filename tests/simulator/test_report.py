@@ -126,11 +126,48 @@ def test_interrupted_report_leaves_nothing(tmp_path):
 
 
 def test_cli_report(tmp_path, tiny_sizes, cpu_spec, no_model_extra, capsys):
+    import os
+
     assert main(["report", "--quick", "--no-progress", "--hardware", "T4", "--out", str(tmp_path / "r")]) == 0
     assert "report written to" in capsys.readouterr().out
     assert "## Roofline of T4" in (tmp_path / "r" / "index.md").read_text()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "r").stat().st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes it, not mkdtemp's 0700
     assert main(["report", "--quick", "--no-progress", "--out", str(tmp_path / "r")]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out, message", [("", "must name a directory"), ("a-file/run", "is a file")])
+def test_cli_report_refuses_an_out_it_cannot_create(tmp_path, monkeypatch, capsys, out, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("not a directory")
+    assert main(["report", "--quick", "--no-progress", "--out", out]) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing measured, nothing written
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_report_stopped_by_a_signal_leaves_nothing(tmp_path, signame):
+    # SIGINT was handled (KeyboardInterrupt); SIGTERM and SIGHUP left a hidden half-written run directory
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "IOAWARE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(Path.cwd())}
+    process = subprocess.Popen([sys.executable, "-m", "simulator", "report", "--quick", "--no-progress", "--out",
+                                str(tmp_path / "runs" / "r")], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "runs").glob(".r.*")):  # the report has started writing
+            assert process.poll() is None and time.monotonic() < deadline, "the report never started"
+            time.sleep(0.05)
+        process.send_signal(getattr(signal, signame))
+        assert process.wait(timeout=120) == 128 + getattr(signal, signame)
+    finally:
+        process.kill()
+    assert list((tmp_path / "runs").iterdir()) == []
 
 
 def test_cli_costs_and_hardware(capsys, cpu_spec):
