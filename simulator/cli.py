@@ -263,4 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, OSError, MemoryError) as err:  # what the library says of bad sizes, files and memory
+        print(f"error: {err}", file=sys.stderr)
+        return 2

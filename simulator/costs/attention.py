@@ -10,20 +10,32 @@ from __future__ import annotations
 import numpy as np
 
 from .ledger import Cost, kernel
+from .sizes import check_gqa, check_product, check_sizes
 from .tiling import STAT_BYTES, causal_tile_sums, cdiv, flash_sram_bytes, flash_tiles, visible_pairs
 
 
+def _attention_sizes(B, Hq, Hkv, Nq, Nk, d, elem_bytes):
+    """The sizes checked (whole numbers >= 1, Hkv dividing Hq, every count within 64 bits) as int64 arrays."""
+    B, Hq, Hkv, Nq, Nk, d, e = check_sizes(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, elem_bytes=elem_bytes)
+    check_gqa(Hq, Hkv)
+    # the largest count: 10·d FLOPs per query-key pair of the backward, or float32 bytes of N² tensors
+    check_product("B·Hq·Nq·Nk·d·16", B, Hq, Nq, Nk, np.maximum(d, e), 16)
+    return B, Hq, Hkv, Nq, Nk, d, e
+
+
 def _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc, keep="cols"):
-    B, Hq, Hkv, Nq, Nk, d, e = (np.asarray(x, dtype=np.int64) for x in (B, Hq, Hkv, Nq, Nk, d, elem_bytes))
+    B, Hq, Hkv, Nq, Nk, d, e = _attention_sizes(B, Hq, Hkv, Nq, Nk, d, elem_bytes)
     group = Hq // Hkv
     if Br is None or Bc is None:
         if sram_bytes is None:
             raise ValueError("give sram_bytes (the SRAM per SM of a HardwareSpec) or both Br and Bc")
+        sram_bytes, = check_sizes(sram_bytes=sram_bytes)
         br_rule, bc_rule = flash_tiles(d, e, sram_bytes, group, keep=keep)
         Br = br_rule if Br is None else Br
         Bc = bc_rule if Bc is None else Bc
-    Br = np.minimum(np.asarray(Br, dtype=np.int64), Nq)
-    Bc = np.minimum(np.asarray(Bc, dtype=np.int64), Nk)
+    Br, Bc = check_sizes(Br=Br, Bc=Bc)
+    Br = np.minimum(Br, Nq)
+    Bc = np.minimum(Bc, Nk)
     return B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc
 
 
@@ -65,9 +77,11 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
     once when a row of float32 scores fits in SRAM, else twice (an online max/sum pass, then the normalizing
     pass). Causal masking saves nothing here: the full S is computed.
     """
+    _attention_sizes(B, Hq, Hkv, Nq, Nk, d, elem_bytes)  # before the tile rule divides by them
     if Br is None or Bc is None:
         if sram_bytes is None:
             raise ValueError("give sram_bytes (the SRAM per SM of a HardwareSpec) or both Br and Bc")
+        sram_bytes, = check_sizes(sram_bytes=sram_bytes)
         br_gemm, bc_gemm = gemm_square_tiles(d, elem_bytes, sram_bytes, np.asarray(Hq) // np.asarray(Hkv))
         Br = br_gemm if Br is None else Br
         Bc = bc_gemm if Bc is None else Bc
@@ -137,7 +151,7 @@ def standard_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2) -> C
     dV = Pᵀ dO; dP = dO Vᵀ; dS = P ∘ (dP − D) with D = rowsum(dO ∘ O); dQ = dS K; dK = dSᵀ Q. Each operand is
     counted once per kernel (an ideal GEMM); the N² tensors P, dP and dS dominate.
     """
-    B, Hq, Hkv, Nq, Nk, d, e = (np.asarray(x, dtype=np.int64) for x in (B, Hq, Hkv, Nq, Nk, d, elem_bytes))
+    B, Hq, Hkv, Nq, Nk, d, e = _attention_sizes(B, Hq, Hkv, Nq, Nk, d, elem_bytes)
     nn = B * Hq * Nq * Nk * e
     q_like = B * Hq * Nq * d * e
     kv_like = B * Hkv * Nk * d * e
@@ -184,7 +198,8 @@ def decode(B, Hq, Hkv, n_cached, d, *, elem_bytes=2, capacity=None, sram_bytes=N
     """One decode step of one layer: a single new query per sequence against a KV cache of ``n_cached`` tokens,
     pruned to ``capacity`` tokens when given (SnapKV, StreamingLLM, H2O keep that many). The kernel is the
     flash forward with Nq = 1: K and V of the kept tokens are read once, per kv head."""
-    n_kept = np.asarray(n_cached) if capacity is None else np.minimum(n_cached, capacity)
+    n_cached, = check_sizes(n_cached=n_cached)
+    n_kept = n_cached if capacity is None else np.minimum(n_cached, check_sizes(capacity=capacity)[0])
     cost = flash2_forward(B, Hq, Hkv, 1, n_kept, d, causal=True, elem_bytes=elem_bytes, sram_bytes=sram_bytes,
                           Br=1, Bc=Bc)
     return Cost("decode" if capacity is None else "decode_pruned", cost.kernels, cost.useful_flops,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ledger import Cost, kernel
+from .sizes import check_product, check_sizes
 from .tiling import STAT_BYTES, cdiv
 
 # Output-stationary GEMM tiles (a Bm × Bn output tile accumulates in float32 while Bk-deep panels stream): the
@@ -37,8 +38,9 @@ def _gemm_traffic(m, k, n, x_bytes, w_bytes, tile, reuse):
 def dense(m, k, n, *, elem_bytes=2, out_bytes=None, flop_kind="fp16", tile=GEMM_TILE, reuse="ideal") -> Cost:
     """Y (m × n) = X (m × k) · W (k × n) over ``tile``-shaped tiles, with ``reuse`` as described at ``REUSE``.
     With m = 1 (a decode GEMV) W is read exactly once either way: the memory-bound case."""
-    m, k, n = (np.asarray(x, dtype=np.int64) for x in (m, k, n))
-    out_bytes = elem_bytes if out_bytes is None else out_bytes
+    m, k, n, elem_bytes = check_sizes(m=m, k=k, n=n, elem_bytes=elem_bytes)
+    out_bytes = elem_bytes if out_bytes is None else check_sizes(out_bytes=out_bytes)[0]
+    check_product("m·k·n·elem_bytes·4", m, k, n, np.maximum(elem_bytes, out_bytes), 4)
     x_reads, w_reads, sram = _gemm_traffic(m, k, n, elem_bytes, elem_bytes, tile, reuse)
     kern = kernel("gemm", reads={"X": x_reads, "W": w_reads}, writes={"Y": m * n * out_bytes},
                   flops=2 * m * k * n, flop_kind=flop_kind, sram_peak_bytes=sram)
@@ -59,8 +61,13 @@ def int8_split(m, k, n, n_outliers, *, elem_bytes=2, out_bytes=None, tile=GEMM_T
     Where the paper is silent: detection is its own pass (the flags must be known before any row is quantized),
     and the int8 weights were quantized once, offline, so that is not counted here.
     """
-    m, k, n, n_out = (np.asarray(x, dtype=np.int64) for x in (m, k, n, n_outliers))
-    out_bytes = elem_bytes if out_bytes is None else out_bytes
+    m, k, n, elem_bytes = check_sizes(m=m, k=k, n=n, elem_bytes=elem_bytes)
+    n_out, = check_sizes(minimum=0, n_outliers=n_outliers)
+    if np.any(n_out > k):
+        raise ValueError(f"n_outliers must be <= k (outlier dimensions are hidden dimensions); got {n_outliers} "
+                         f"for k={k}")
+    out_bytes = elem_bytes if out_bytes is None else check_sizes(out_bytes=out_bytes)[0]
+    check_product("m·k·n·elem_bytes·4", m, k, n, np.maximum(elem_bytes, out_bytes), 4)
     k_in = k - n_out  # the regular (non-outlier) hidden dimensions
     x_times, w_times, bm, bn = _reuse_factors(m, n, tile, reuse)
     scale_x_reads = m * STAT_BYTES * x_times  # each output tile's epilogue reads its rows' scales

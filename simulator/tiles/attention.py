@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..costs.sizes import check_sizes
 from .machine import Machine
 
 STAT_BYTES = 4  # float32 statistics, scores and accumulators (FlashAttention-2 §3.1)
@@ -23,11 +24,18 @@ class SimResult:
     machine: Machine
 
 
-def _shapes(q, k, v, Br, Bc):
+def _shapes(q, k, v, Br, Bc, sram_bytes=1, elem_bytes=1):
+    """The schedule's sizes, checked as the cost model checks them: 4-D q, k, v with every dimension >= 1, k and v
+    alike, Hkv dividing Hq, and whole tile sizes, SRAM and element sizes >= 1 (a Br < 0 ran no tile before)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if np.ndim(x) != 4 or 0 in np.shape(x):
+            raise ValueError(f"{name} must be a 4-D array (B, H, N, d) with every dimension >= 1; got shape "
+                             f"{np.shape(x)}")
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    if Hq % Hkv or k.shape != v.shape or k.shape[-1] != d:
+    if Hq % Hkv or k.shape != v.shape or k.shape[-1] != d or k.shape[0] != B:
         raise ValueError(f"incompatible shapes q {q.shape}, k {k.shape}, v {v.shape}")
+    Br, Bc, _, _ = (int(x) for x in check_sizes(Br=Br, Bc=Bc, sram_bytes=sram_bytes, elem_bytes=elem_bytes))
     return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv, min(Br, Nq), min(Bc, Nk)
 
 
@@ -48,7 +56,7 @@ def _n_tiles(r0, br, nk, bc, offset, causal):
 
 def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
     """FlashAttention-2 forward (Dao 2023, Algorithm 1): Q_i stays on chip, K_j and V_j stream past it."""
-    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc)
+    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
     mach = Machine(sram_bytes)
@@ -93,7 +101,7 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
 def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
     """FlashAttention-1 forward (Dao et al. 2022, Algorithm 1): K_j, V_j stay on chip while every query block
     that sees them is loaded with its O_i, l_i, m_i from HBM, updated, and written back."""
-    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc)
+    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
     mach = Machine(sram_bytes)
@@ -152,7 +160,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
     """Standard attention: S = QKᵀ tile by tile to HBM; [a separate mask pass]; a softmax over S rows to P
     (one read of a row when its float32 copy fits in SRAM, else an online max/sum pass and a normalizing pass);
     O = P V tile by tile."""
-    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc)
+    B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
     mach = Machine(sram_bytes)

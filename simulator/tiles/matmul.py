@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..costs.sizes import check_sizes
 from .machine import Machine
 
 STAT_BYTES = 4
@@ -41,9 +42,18 @@ def int8_split(x, weights: Int8Weight, *, threshold=6.0, sram_bytes, elem_bytes=
                tile=GEMM_TILE) -> SplitResult:
     """Y = X·Wᵀ with outlier columns (any |x| >= threshold) in fp16 and the rest in int8; the counted schedule."""
     x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or 0 in x.shape:
+        raise ValueError(f"x must be a 2-D array (m, k) with m, k >= 1; got shape {x.shape}")
     m, k = x.shape
     n = weights.w_i8.shape[0]
-    out_bytes = elem_bytes if out_bytes is None else out_bytes
+    if weights.w_i8.ndim != 2 or weights.w_i8.shape[1] != k or weights.absmax.shape != (n,):
+        raise ValueError(f"weights must be (n, k) int8 with one absmax per row for x (m, k) = {x.shape}; got "
+                         f"w_i8 {weights.w_i8.shape}, absmax {weights.absmax.shape}")
+    if not np.isfinite(threshold) or threshold < 0:
+        raise ValueError(f"threshold must be a finite number >= 0; got {threshold!r}")
+    elem_bytes, sram_bytes = (int(s) for s in check_sizes(elem_bytes=elem_bytes, sram_bytes=sram_bytes))
+    check_sizes(tile=tile)
+    out_bytes = elem_bytes if out_bytes is None else int(check_sizes(out_bytes=out_bytes)[0])
     e = elem_bytes
     mach = Machine(sram_bytes)
     flags = np.zeros(k, dtype=bool)

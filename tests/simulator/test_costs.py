@@ -143,3 +143,39 @@ def test_a_hand_computed_case():
     f1 = costs.flash1_forward(1, 16, 16, 1024, 1024, 64, sram_bytes=164 * 1024)
     assert (int(f1.params["Br"]), int(f1.params["Bc"])) == (32, 328)
     assert f1.reads["Q"] == 4 * qo and f1.reads["K"] == qo
+
+
+BAD_SIZES = [
+    ({"Hkv": 0}, ValueError, "Hkv must be >= 1"),
+    ({"Hkv": 3}, ValueError, "multiple of Hkv"),
+    ({"Nq": 4096.7}, ValueError, "Nq must be a whole number"),
+    ({"Nq": -5}, ValueError, "Nq must be >= 1"),
+    ({"d": np.array([64, 0])}, ValueError, "d must be >= 1"),
+    ({"Nq": 2**40, "Nk": 2**40}, ValueError, "beyond the cost model's 64-bit counts"),  # negative bytes before
+    ({"Nk": 10**20}, ValueError, "beyond the cost model's 64-bit counts"),
+    ({"B": True}, TypeError, "B must be a whole number"),
+    ({"B": "1"}, TypeError, "B must be a whole number"),
+]
+
+
+@pytest.mark.parametrize("bad, exc, pattern", BAD_SIZES, ids=[str(b[0]) for b in BAD_SIZES])
+@pytest.mark.parametrize("model", [costs.standard_forward, costs.flash1_forward, costs.flash2_forward,
+                                   costs.standard_backward, costs.flash2_backward])
+def test_bad_sizes_are_refused_before_anything_is_counted(model, bad, exc, pattern):
+    sizes = {"B": 1, "Hq": 16, "Hkv": 4, "Nq": 256, "Nk": 256, "d": 64, **bad}
+    tiles = {} if model is costs.standard_backward else {"sram_bytes": 2**17}
+    with pytest.raises(exc, match=pattern):
+        model(sizes["B"], sizes["Hq"], sizes["Hkv"], sizes["Nq"], sizes["Nk"], sizes["d"], **tiles)
+
+
+def test_bad_matmul_and_decode_sizes_are_refused():
+    with pytest.raises(ValueError, match="n_outliers must be <= k"):
+        costs.int8_split(1, 64, 64, 65)
+    with pytest.raises(ValueError, match="n_outliers must be >= 0"):
+        costs.int8_split(1, 64, 64, -1)
+    with pytest.raises(ValueError, match="64-bit counts"):
+        costs.dense(2**30, 2**30, 2**30)
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        costs.decode(1, 8, 8, 4096, 64, capacity=0, sram_bytes=2**17)
+    with pytest.raises(ValueError, match="Bc must be >= 1"):
+        costs.flash2_forward(1, 8, 8, 64, 64, 64, Br=16, Bc=-4)

@@ -132,3 +132,17 @@ def test_timeline_records_every_transfer(rng):
     assert loads == result.machine.hbm_read_bytes and stores == result.machine.hbm_write_bytes
     assert sum(ev.flops for ev in events if ev.op == "compute") == result.machine.flops
     assert max(ev.sram_used for ev in events) == result.machine.sram_peak_bytes
+
+
+def test_the_simulator_refuses_what_the_cost_model_refuses(rng):
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    with pytest.raises(ValueError, match="Br must be >= 1"):  # ran no tile and counted no byte before
+        tiles.flash2_forward(q, k, v, Br=-4, Bc=8, sram_bytes=2**16)
+    with pytest.raises(ValueError, match="sram_bytes must be >= 1"):
+        tiles.flash1_forward(q, k, v, Br=4, Bc=8, sram_bytes=0)
+    with pytest.raises(ValueError, match="4-D array"):
+        tiles.standard_forward(q[0], k, v, Br=4, Bc=8, sram_bytes=2**16)
+    x = rng.standard_normal((3, 32))
+    weight = tiles.quantize_weight(rng.standard_normal((5, 40)))  # K = 40 against x's 32
+    with pytest.raises(ValueError, match="weights must be \\(n, k\\)"):
+        tiles.int8_split(x, weight, sram_bytes=2**16)
