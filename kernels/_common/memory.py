@@ -18,12 +18,13 @@ def available_bytes() -> int:
 MIN_CHECKED_BYTES = 16 * 2**20
 
 
-def ensure_fits(predicted_bytes: int, what: str) -> None:
-    """Raise ``InsufficientMemoryError`` naming ``what`` and both sizes if ``predicted_bytes`` will not fit."""
+def ensure_fits(predicted_bytes: int, what: str, remedy: str = "") -> None:
+    """Raise ``InsufficientMemoryError`` naming ``what``, both sizes and the ``remedy`` if ``predicted_bytes`` will
+    not fit."""
     if predicted_bytes <= MIN_CHECKED_BYTES:
         return
     available = available_bytes()
     if predicted_bytes > available:
         raise InsufficientMemoryError(
             f"{what} needs {predicted_bytes / 2**30:.2f} GiB ({predicted_bytes} bytes) but only "
-            f"{available / 2**30:.2f} GiB is available; use algorithm='flash', which needs O(N·d)")
+            f"{available / 2**30:.2f} GiB is available" + (f"; {remedy}" if remedy else ""))

@@ -66,11 +66,14 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     Br, Bc, n_splits, _ = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k)
+    # everything it allocates, output, split results and each thread's tiles, before any of it (huge block sizes
+    # made the kernel's own allocation fail inside the parallel loop: a SystemError around a MemoryError)
+    ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k),
+                f"attention(algorithm='flash') with tiles Br={Br}, Bc={Bc} ({n_splits} key splits)",
+                "choose smaller block_q and block_k (the default tiles fit the cache)")
     o = np.empty_like(q)
     lse = np.empty((B, Hq, Nq), dtype=q.dtype)
     if n_splits > 1:
-        part_bytes = n_splits * (o.nbytes + lse.nbytes)
-        ensure_fits(part_bytes, f"attention split-KV partial results ({n_splits} splits)")
         o_part = np.empty((n_splits,) + o.shape, dtype=q.dtype)
         lse_part = np.empty((n_splits,) + lse.shape, dtype=q.dtype)
     else:

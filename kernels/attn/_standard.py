@@ -26,7 +26,7 @@ def standard_forward(q, k, v, scale, causal):
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     ensure_fits(standard_bytes(B, Hq, Nq, Nk, q.itemsize, causal), "attention(algorithm='standard') for S and P "
-                f"of shape ({B}, {Hq}, {Nq}, {Nk}) in {q.dtype}")
+                f"of shape ({B}, {Hq}, {Nq}, {Nk}) in {q.dtype}", "use algorithm='flash', which needs O(N·d)")
     # GQA: the query heads of one group are stacked as rows against their shared kv head
     q_g = q.reshape(B * Hkv, group * Nq, d)  # (B·Hkv, group·Nq, d)
     s = batched_matmul(q_g, k.reshape(B * Hkv, Nk, d), transpose_b=True).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ

@@ -262,9 +262,14 @@ def test_standard_refuses_what_does_not_fit(rng, monkeypatch):
         kernels.attention(q, k, v, causal=True, algorithm="standard")
     monkeypatch.setattr(_memory, "available_bytes", lambda: predicted)
     kernels.attention(q, k, v, causal=True, algorithm="standard")
-    # flash needs no S or P and still runs
-    monkeypatch.setattr(_memory, "available_bytes", lambda: 1)
+    # flash needs no S or P and still runs in what its own tiles need
+    flash_bytes = kernels.attn.flash_memory_bytes(q.shape, k.shape, 4)
+    monkeypatch.setattr(_memory, "available_bytes", lambda: flash_bytes)
     kernels.attention(q, k, v, causal=True, algorithm="flash")
+    # and refuses, before allocating, tiles that would not fit (a SystemError around a MemoryError before)
+    monkeypatch.setattr(_memory, "available_bytes", lambda: flash_bytes - 1)
+    with pytest.raises(kernels.InsufficientMemoryError, match="choose smaller block_q and block_k"):
+        kernels.attention(q, k, v, causal=True, algorithm="flash")
 
 
 def test_default_blocks_follow_the_cache(monkeypatch):
