@@ -166,9 +166,12 @@ def _split_matmul_kernels(x, weight: Int8Weight, threshold):
     x_i8 = np.empty((M, K), dtype=np.int8)
     absmax_x = np.empty(M, dtype=np.float32)
     _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
-    c = _int32_product(x_i8, weight.w_i8_t, weight.w_row_sums)  # (M, N) int32, exact
-    y = np.empty(c.shape, dtype=np.float32)
-    _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
+    y = np.empty((M, weight.w_i8_t.shape[0]), dtype=np.float32)  # (M, N)
+    if USE_VNNI:  # the exact int32 sums dequantized in the GEMM's epilogue
+        _vnni.gemm_i8(x_i8, weight.w_i8_t, weight.w_row_sums, y, absmax_x, weight.absmax)
+    else:
+        c = _int32_product(x_i8, weight.w_i8_t, weight.w_row_sums)  # (M, N) int32, exact
+        _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
     # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32
     if outliers.size:
         x_out = x[:, outliers].astype(np.float16).astype(np.float32)  # (M, J)

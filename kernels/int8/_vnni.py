@@ -33,7 +33,7 @@ from numba.core import cgutils
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, register_model
 
-from ._numba_cpu import GEMV_BN, _gemv_output, _gemv_prologue
+from ._numba_cpu import GEMV_BN, QMAX, _gemv_output, _gemv_prologue
 
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vnni")  # zmm registers, byte-masked loads, vpdpbusd
 VECTOR_BYTES = 64  # one zmm register
@@ -300,14 +300,17 @@ def pack_panels(w_i8_t, panels):
 
 
 @njit(parallel=True, cache=True)
-def gemm(x_u8, panels, w_row_sums, out):
+def gemm(x_u8, panels, w_row_sums, absmax_x, absmax_w, out):
     """out[m, n] = Σ_k x[m, k] · w[n, k] (int32, exact), from offset activations x_u8 (M, 4·Kq) and the packed
-    weight panels (P, Kq, NR). One task per BM rows × one panel, panel-major so a thread's consecutive tasks
-    reuse the panel from L2."""
+    weight panels (P, Kq, NR); dequantized in the epilogue into a float32 ``out`` when absmax_x (M,) and absmax_w
+    (N,) are given (not empty), as ``_numba_cpu.dequantize`` computes it. One task per BM rows × one panel,
+    panel-major so that a thread's consecutive tasks reuse the panel from L2."""
     M = x_u8.shape[0]
     N = out.shape[1]
     P = panels.shape[0]
     blocks_m = (M + BM - 1) // BM
+    inv = np.float32(1.0 / (QMAX * QMAX))
+    dequantize = absmax_x.size > 0
     for task in prange(P * blocks_m):
         p = task // blocks_m
         n0 = p * NR
@@ -315,8 +318,15 @@ def gemm(x_u8, panels, w_row_sums, out):
         for m0 in range((task % blocks_m) * BM, min((task % blocks_m) * BM + BM, M), MR):
             micro_tile(x_u8, m0, panels[p], tile)
             for i in range(min(MR, M - m0)):
-                for j in range(min(NR, N - n0)):
-                    out[m0 + i, n0 + j] = _corrected(tile[i, j], w_row_sums[n0 + j])
+                m = m0 + i
+                if dequantize:
+                    row_scale = absmax_x[m] * inv
+                    for j in range(min(NR, N - n0)):
+                        c = _corrected(tile[i, j], w_row_sums[n0 + j])
+                        out[m, n0 + j] = np.float32(c) * (row_scale * absmax_w[n0 + j])
+                else:
+                    for j in range(min(NR, N - n0)):
+                        out[m, n0 + j] = _corrected(tile[i, j], w_row_sums[n0 + j])
 
 
 @njit(parallel=True, cache=True)
@@ -330,8 +340,9 @@ def row_sums(w_i8_t, sums):
         sums[n] = acc
 
 
-def gemm_i8(x_i8, w_i8_t, w_row_sums, out):
-    """The exact int32 product x_i8 (M, K) · w_i8_tᵀ into out (M, N): offset x, pack the panels, multiply."""
+def gemm_i8(x_i8, w_i8_t, w_row_sums, out, absmax_x=None, absmax_w=None):
+    """out (M, N) = x_i8 (M, K) · w_i8_tᵀ: exact int32 sums into an int32 ``out``, or, given the absmax of the rows
+    of x and of the outputs, dequantized into a float32 ``out``. Offsets x, packs the panels, multiplies."""
     M, K = x_i8.shape
     N = w_i8_t.shape[0]
     Kq = (K + 3) // 4
@@ -339,4 +350,6 @@ def gemm_i8(x_i8, w_i8_t, w_row_sums, out):
     offset_rows(x_i8, x_u8)
     panels = np.empty(((N + NR - 1) // NR, Kq, NR), dtype=np.int32)  # (P, Kq, NR)
     pack_panels(w_i8_t, panels)
-    gemm(x_u8, panels, w_row_sums, out)
+    if absmax_x is None:
+        absmax_x = absmax_w = np.empty(0, dtype=np.float32)
+    gemm(x_u8, panels, w_row_sums, absmax_x, absmax_w, out)
