@@ -138,7 +138,7 @@ def _int32_product(x_i8, w_i8_t, w_row_sums):
     """(M, N) int32 = x_i8 (M, K) · w_i8_tᵀ, on vpdpbusd (with the weights' row sums) or the portable loop."""
     out = np.empty((x_i8.shape[0], w_i8_t.shape[0]), dtype=np.int32)  # (M, N)
     if USE_VNNI:
-        _vnni.gemm_i8(x_i8, w_i8_t, w_row_sums, out)
+        _vnni.gemm_i8(_vnni.offset_activations(x_i8), w_i8_t, w_row_sums, out)
     else:
         _numba_cpu.gemm_i8(x_i8, w_i8_t, out, *GEMM_TILE)
     return out
@@ -163,13 +163,15 @@ def _split_matmul_kernels(x, weight: Int8Weight, threshold):
     outliers = np.flatnonzero(flags)
     # int8 part: row-wise absmax of x over the regular columns (outlier columns quantize to 0), column-wise
     # absmax of w, exact int32 product, dequantize
-    x_i8 = np.empty((M, K), dtype=np.int8)
     absmax_x = np.empty(M, dtype=np.float32)
-    _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
     y = np.empty((M, weight.w_i8_t.shape[0]), dtype=np.float32)  # (M, N)
-    if USE_VNNI:  # the exact int32 sums dequantized in the GEMM's epilogue
-        _vnni.gemm_i8(x_i8, weight.w_i8_t, weight.w_row_sums, y, absmax_x, weight.absmax)
+    if USE_VNNI:  # quantized straight into the offset operand; dequantized in the GEMM's epilogue
+        x_u8 = np.empty((M, (K + 3) // 4 * 4), dtype=np.uint8)  # (M, K rounded up to 4)
+        _vnni.quantize_rows(x, flags, x_u8, absmax_x)
+        _vnni.gemm_i8(x_u8, weight.w_i8_t, weight.w_row_sums, y, absmax_x, weight.absmax)
     else:
+        x_i8 = np.empty((M, K), dtype=np.int8)
+        _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
         c = _int32_product(x_i8, weight.w_i8_t, weight.w_row_sums)  # (M, N) int32, exact
         _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
     # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32

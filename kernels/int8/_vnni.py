@@ -33,7 +33,7 @@ from numba.core import cgutils
 from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, register_model
 
-from ._numba_cpu import GEMV_BN, QMAX, _gemv_output, _gemv_prologue
+from ._numba_cpu import GEMV_BN, QMAX, _gemv_output, _gemv_prologue, _quantize_row
 
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vnni")  # zmm registers, byte-masked loads, vpdpbusd
 VECTOR_BYTES = 64  # one zmm register
@@ -228,21 +228,22 @@ def _corrected(sum_u8, row_sum):
 
 
 @njit(inline="always")
-def _offset_row(x_i8, m, x_u8):
-    """x_u8[m, :K] = x_i8[m, :] + 128 as uint8; the padding x_u8[m, K:] = 128, the offset zero (its weights are 0
-    or masked off)."""
-    K = x_i8.shape[1]
+def _offset_row(x_u8, m, K):
+    """Row m of x_u8 holds int8 values (two's complement bytes) in [0, K): add 128 to each (xor of the sign bit),
+    and set the padding x_u8[m, K:] to 128, the offset zero (its weights are 0 or masked off)."""
     for k in range(K):
-        x_u8[m, k] = np.uint8(np.int32(x_i8[m, k]) + OFFSET)
+        x_u8[m, k] ^= OFFSET
     for k in range(K, x_u8.shape[1]):
         x_u8[m, k] = OFFSET
 
 
 @njit(parallel=True, cache=True)
-def offset_rows(x_i8, x_u8):
-    """``_offset_row`` for every row of x_i8 (M, K) into x_u8 (M, K rounded up)."""
-    for m in prange(x_i8.shape[0]):
-        _offset_row(x_i8, m, x_u8)
+def quantize_rows(x, skip, x_u8, absmax):
+    """``_numba_cpu.quantize_rows`` into offset activations: x_u8 (M, K rounded up) = the int8 values + 128 (the
+    same int8 values: the same rounding code writes them), in the same pass over each row."""
+    for m in prange(x.shape[0]):
+        _quantize_row(x, m, skip, x_u8, absmax)
+        _offset_row(x_u8, m, x.shape[1])
 
 
 @njit(inline="always")
@@ -269,7 +270,9 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
     row_bytes = (K + VECTOR_BYTES - 1) // VECTOR_BYTES * VECTOR_BYTES
     x_u8 = np.empty((M, row_bytes), dtype=np.uint8)  # (M, K rounded up to 64)
     for m in range(M):
-        _offset_row(x_i8, m, x_u8)
+        for k in range(K):
+            x_u8[m, k] = x_i8[m, k]  # the two's complement byte
+        _offset_row(x_u8, m, K)
     for block in prange((N + GEMV_BN - 1) // GEMV_BN):
         for n in range(block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)):
             for m in range(M):
@@ -340,14 +343,20 @@ def row_sums(w_i8_t, sums):
         sums[n] = acc
 
 
-def gemm_i8(x_i8, w_i8_t, w_row_sums, out, absmax_x=None, absmax_w=None):
-    """out (M, N) = x_i8 (M, K) · w_i8_tᵀ: exact int32 sums into an int32 ``out``, or, given the absmax of the rows
-    of x and of the outputs, dequantized into a float32 ``out``. Offsets x, packs the panels, multiplies."""
+def offset_activations(x_i8):
+    """x_i8 (M, K) int8 as the GEMM's operand: x + 128 as uint8, (M, K rounded up to 4), padded with 128."""
     M, K = x_i8.shape
-    N = w_i8_t.shape[0]
-    Kq = (K + 3) // 4
-    x_u8 = np.empty((M, 4 * Kq), dtype=np.uint8)  # (M, K rounded up to 4)
-    offset_rows(x_i8, x_u8)
+    x_u8 = np.full((M, (K + 3) // 4 * 4), OFFSET, dtype=np.uint8)  # (M, K rounded up to 4)
+    np.bitwise_xor(x_i8.view(np.uint8), np.uint8(OFFSET), out=x_u8[:, :K])
+    return x_u8
+
+
+def gemm_i8(x_u8, w_i8_t, w_row_sums, out, absmax_x=None, absmax_w=None):
+    """out (M, N) = x (M, K) · w_i8_tᵀ from the offset activations x_u8 (M, K rounded up to 4): exact int32 sums
+    into an int32 ``out``, or, given the absmax of the rows of x and of the outputs, dequantized into a float32
+    ``out``. Packs the panels, multiplies."""
+    N, K = w_i8_t.shape
+    Kq = x_u8.shape[1] // 4
     panels = np.empty(((N + NR - 1) // NR, Kq, NR), dtype=np.int32)  # (P, Kq, NR)
     pack_panels(w_i8_t, panels)
     if absmax_x is None:
