@@ -18,6 +18,8 @@ Versions (2-core AMD EPYC (Zen 4) development machine):
       that is truncated once (an int32 variable made Numba widen every step to int64: 16 int32 lanes became
       8 int64 ones, with a slow 64-bit multiply). Int8Linear GEMV 1 x 8192 x 8192: 1.49 ms against 8.03 ms for
       NumPy's float32 GEMV (5.4x; 45 GB/s of int8 weights; torch's dynamic int8 Linear 1.80 ms).
+  v3: the portable fallback: where Numba's target CPU has AVX512-VNNI, ``_vnni`` runs the GEMM and the GEMV on
+      ``vpdpbusd`` instead (steps 1-2 and the float epilogue of ``split_gemv`` are shared with it, below).
 """
 from __future__ import annotations
 
