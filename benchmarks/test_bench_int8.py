@@ -16,6 +16,7 @@ import pytest
 from kernels._cpuinfo import cpu_model
 from kernels.int8 import Int8Linear, int8_matmul_reference
 from kernels.int8 import _api as int8_api
+from simulator.measure import SETTLE_S
 
 GEMV = (1, 8192, 8192)  # 64 MiB of int8 weights, 256 MiB of float32
 GEMM = (512, 4096, 4096)
@@ -49,10 +50,13 @@ def _torch_int8(w):
 
 
 def _interleaved_ratio(fn, peer, x, rounds):
-    """median(peer) / median(fn), the two called alternately so that both see the same load on the machine."""
+    """median(peer) / median(fn), the two called alternately so that both see the same load on the machine, each
+    after ``SETTLE_S`` idle: OpenBLAS's threads spin on after a NumPy product and would otherwise hold the cores
+    when the next call starts (the cost of the two thread pools' coexistence, not of either kernel)."""
     times = {fn: [], peer: []}
     for _ in range(rounds):
         for f in (fn, peer):
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             f(x)
             times[f].append(time.perf_counter() - start)
