@@ -12,7 +12,10 @@ head h reads kv head h // (Hq / Hkv)), SwiGLU (Shazeer 2020, eq. 6). Serial kern
 hidden, 9 heads, a cache of a few thousand tokens) a parallel launch costs more than the arithmetic.
 
 Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
-  v1 (this file): three kernels per block; figures in ``benchmarks/test_bench_smollm2.py``.
+  v1 (this file): three kernels per block. SmolLM2-135M decode, 64 tokens: fp32 40.3 tokens/s against 34.4 for
+      the NumPy step with ``np.concatenate`` (one A/B run); in ``benchmarks/test_bench_smollm2.py`` fp32 35.1
+      tokens/s = 0.89 of the weight-bytes bound (21.4 GB/s read), int8 77.4, int8 with the int8 LM head 106.3
+      (3.0x fp32).
 """
 from __future__ import annotations
 

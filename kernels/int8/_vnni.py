@@ -24,9 +24,11 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, KVM, shared with other jobs 
       MR × NR = 6 × 64 micro-tile (24 zmm accumulators) broadcasts 4 activation bytes per row against the
       panel's 4 vectors per step of k; the dequantization in its epilogue. The int32 product 512 x 4096 x 4096
       alone: 12.1 ms (1.4 TOP/s, 3.7x NumPy's sgemm of the same size, 45 ms, at a quiet moment; the loop:
-      207 ms), the packing 1.3 ms more. Under contention (``benchmarks/test_bench_int8.py``, interleaved
-      medians): Int8Linear GEMM 1.6-1.8x sgemm, GEMV 8192² 2.0x NumPy's float32 GEMV (min 2.8 ms against 15.8 ms;
-      every two-thread call then waits out the other jobs' time slices, about 8 ms).
+      207 ms), the packing 1.3 ms more. ``benchmarks/test_bench_int8.py`` (one run, other jobs running):
+      Int8Linear GEMM 19.9 ms median (862 GOP/s; NumPy sgemm 152.8 ms; each call after a settle, interleaved:
+      2.84x), GEMV 8192² 1.22 ms (54.8 GB/s of int8 weights, which this VM's 480 MiB L3 holds; NumPy float32
+      24.0 ms; settled and interleaved 2.25x: a cold call pays about 0.7 ms to wake the threads). With other
+      jobs on the second core every two-thread call waits out their time slice (medians of about 8 ms).
 """
 from __future__ import annotations
 
