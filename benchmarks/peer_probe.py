@@ -43,20 +43,20 @@ def _linear(name, shape, rng):
     m, k, n = shape
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[:, rng.choice(k, 4, replace=False)] *= 25  # a few outlier features, as in real activations
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)  # (K, N): x · W
+    w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)  # (N, K) = (out, in): x · Wᵀ, as F.linear
     if name == "int8-linear":
         from kernels.int8 import Int8Linear
 
         fn = Int8Linear.from_float(w).__call__
         call = lambda: fn(x)  # noqa: E731
     elif name == "numpy-linear":
-        call = lambda: x @ w  # noqa: E731
+        call = lambda: x @ w.T  # noqa: E731
     else:
         import torch
 
         linear = torch.nn.Linear(k, n, bias=False)
         with torch.no_grad():
-            linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))  # torch stores (out, in)
+            linear.weight.copy_(torch.from_numpy(w))
         quantized = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                            dtype=torch.qint8)
         tx = torch.from_numpy(x)
@@ -64,7 +64,7 @@ def _linear(name, shape, rng):
         def call():
             with torch.no_grad():
                 return quantized(tx).numpy()
-    exact = x.astype(np.float64) @ w.astype(np.float64)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
     check = float(np.abs(call() - exact).mean() / np.abs(exact).mean())  # mean relative error
     return call, check
 

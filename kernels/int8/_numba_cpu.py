@@ -19,6 +19,8 @@ Versions (2-core AMD EPYC (Zen 4) development machine):
       that is truncated once (an int32 variable made Numba widen every step to int64: 16 int32 lanes became
       8 int64 ones, with a slow 64-bit multiply). Int8Linear GEMV 1 x 8192 x 8192: 1.49 ms against 8.03 ms for
       NumPy's float32 GEMV (5.4x; 45 GB/s of int8 weights; torch's dynamic int8 Linear 1.80 ms).
+  v3: the portable fallback: where Numba's target CPU has AVX512-VNNI, ``_vnni`` runs the GEMM and the GEMV on
+      ``vpdpbusd`` instead (steps 1-2 and the float epilogue of ``split_gemv`` are shared with it, below).
 """
 from __future__ import annotations
 
@@ -147,20 +149,11 @@ def round_to_float16(v):
     return as_float(np.int32(bits))
 
 
-@njit(parallel=True, cache=True)
-def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
-    """The whole split matmul for a few rows of float32 x (M, K) in one launch (decode, where five launches and a
-    dozen NumPy calls per linear cost more than the product), for weights stored in int8 only:
-
-    1. outlier dimensions: flags[k] = any_m |x[m, k]| >= threshold (as ``outlier_flags``);
-    2. vector-wise quantization of the rows over the regular dimensions (as ``quantize_rows``);
-    3. per block of outputs: the exact int32 dot products, the dequantization (as ``dequantize``), and the
-       float16 outlier product, x and the int8 weight rows rounded to float16 (the weight dequantized as
-       ``Int8Weight.outlier_weights_fp16`` does), added in the order ``add_outlier_product`` adds them.
-    Steps 1-2 are serial (M·K values); no fastmath, so that every rounding is the CPU tier's (an approximate
-    reciprocal would change the int8 values), and LLVM vectorizes the int32 sum without it."""
+@njit(inline="always")
+def _gemv_prologue(x, threshold, flags):
+    """Steps 1-2 of ``split_gemv``, serial (M·K values): the outlier dimensions (flags, and their indices cols
+    (J,)), their float16 values x_o (M, J), and the rows quantized over the others, x_i8 (M, K), absmax_x (M,)."""
     M, K = x.shape
-    N = w_i8_t.shape[0]
     J = 0
     for k in range(K):
         flags[k] = False
@@ -183,15 +176,39 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
         for j in range(J):
             x_o[m, j] = round_to_float16(x[m, cols[j]])
         _quantize_row(x, m, flags, x_i8, absmax_x)
+    return cols, x_o, x_i8, absmax_x
+
+
+@njit(inline="always")
+def _gemv_output(c, m, n, absmax_x, absmax_w, x_o, cols, w_i8_t):
+    """Step 3 of ``split_gemv`` for one output: the int32 sum c dequantized, plus the float16 outlier product."""
     inv = np.float32(1.0 / (QMAX * QMAX))
+    step = absmax_w[n] / np.float32(QMAX)
+    value = np.float32(c) * ((absmax_x[m] * inv) * absmax_w[n])
+    for j in range(cols.size):
+        value += x_o[m, j] * round_to_float16(np.float32(w_i8_t[n, cols[j]]) * step)
+    return value
+
+
+@njit(parallel=True, cache=True)
+def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
+    """The whole split matmul for a few rows of float32 x (M, K) in one launch (decode, where five launches and a
+    dozen NumPy calls per linear cost more than the product), for weights stored in int8 only:
+
+    1. outlier dimensions: flags[k] = any_m |x[m, k]| >= threshold (as ``outlier_flags``);
+    2. vector-wise quantization of the rows over the regular dimensions (as ``quantize_rows``);
+    3. per block of outputs: the exact int32 dot products, the dequantization (as ``dequantize``), and the
+       float16 outlier product, x and the int8 weight rows rounded to float16 (the weight dequantized as
+       ``Int8Weight.outlier_weights_fp16`` does), added in the order ``add_outlier_product`` adds them.
+    Steps 1-2 are serial (M·K values); no fastmath, so that every rounding is the CPU tier's (an approximate
+    reciprocal would change the int8 values), and LLVM vectorizes the int32 sum without it."""
+    M, K = x.shape
+    N = w_i8_t.shape[0]
+    cols, x_o, x_i8, absmax_x = _gemv_prologue(x, threshold, flags)
     for block in prange((N + GEMV_BN - 1) // GEMV_BN):
         for n in range(block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)):
-            step = absmax_w[n] / np.float32(QMAX)
             for m in range(M):
                 acc = 0  # Numba types it int64; truncated once below, so LLVM sums in 16 int32 lanes
                 for k in range(K):
                     acc += np.int32(x_i8[m, k]) * np.int32(w_i8_t[n, k])
-                value = np.float32(np.int32(acc)) * ((absmax_x[m] * inv) * absmax_w[n])
-                for j in range(J):
-                    value += x_o[m, j] * round_to_float16(np.float32(w_i8_t[n, cols[j]]) * step)
-                y[m, n] = value
+                y[m, n] = _gemv_output(np.int32(acc), m, n, absmax_x, absmax_w, x_o, cols, w_i8_t)

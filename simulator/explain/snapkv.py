@@ -42,11 +42,10 @@ def observe(model, case, *, capacity, window=WINDOW, layer=None, max_new_tokens=
     for name, policy in policies.items():
         one = policy[layer] if isinstance(policy, list) else policy
         kept[name] = one(q, k, v)[2][0]  # (Hkv, capacity) positions, ascending
-        pruned = [[kv[0], kv[1]] for kv in cache]  # a copy: compress_cache replaces its arrays
+        pruned = cache.copy()  # compress_cache writes the kept keys into the cache it is given
         model.compress_cache(pruned, queries, policy)
         answers[name] = model.continue_decoding(logits, pruned, len(case.ids), max_new_tokens)
-    answers["full"] = model.continue_decoding(logits, [[kv[0], kv[1]] for kv in cache], len(case.ids),
-                                              max_new_tokens)
+    answers["full"] = model.continue_decoding(logits, cache.copy(), len(case.ids), max_new_tokens)
     return {"layer": layer, "votes": votes, "kept": kept, "answers": answers}
 
 

@@ -31,20 +31,85 @@ def test_quantize_rounds_half_to_even_and_keeps_zero_vectors():
     assert absmax.tolist() == [127.0, 0.0]
 
 
-@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (1, 8192, 3), (3, 1000, 257), (64, 129, 130), (33, 4096, 1)])
-def test_int8_gemm_is_exact(rng, m, k, n):
-    a = rng.integers(-127, 128, (m, k), dtype=np.int8)
-    b = rng.integers(-127, 128, (n, k), dtype=np.int8)  # (out, in)
+@pytest.fixture(params=["loop", "vnni"])
+def dot_path(request, monkeypatch):
+    """Force the int32 products through the portable loop or through vpdpbusd (kernels/int8/_vnni.py)."""
+    from kernels.int8 import _api, _vnni
+
+    if request.param == "vnni" and not _vnni.AVAILABLE:
+        pytest.skip(f"Numba's target CPU lacks {', '.join(_vnni.REQUIRED_FEATURES)}: only the loop can run here")
+    monkeypatch.setattr(_api, "USE_VNNI", request.param == "vnni")
+    return request.param
+
+
+# K not a multiple of 64 (nor of 4), K < 64, N = 1, M = 1, M = 17 (not a multiple of the 6-row micro-tile), N not a
+# multiple of the 64-output panel, and more rows than one 96-row task
+GEMM_SHAPES = [(1, 1, 1), (1, 8192, 3), (3, 1000, 257), (64, 129, 130), (33, 4096, 1), (17, 63, 65), (17, 64, 64),
+               (1, 577, 1), (100, 5, 200), (97, 66, 63)]
+
+
+@pytest.mark.parametrize("m, k, n", GEMM_SHAPES)
+def test_int8_gemm_is_exact(rng, dot_path, m, k, n):
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    b = rng.integers(-128, 128, (n, k), dtype=np.int8)  # (out, in)
     assert np.array_equal(int8_gemm(a, b), a.astype(np.int64) @ b.T.astype(np.int64))
 
 
-def test_int8_gemm_at_the_extremes_is_exact():
-    k = int8.MAX_EXACT_K
-    a = np.full((1, k), -127, dtype=np.int8)
-    b = np.full((2, k), -127, dtype=np.int8)
-    assert int8_gemm(a, b)[0, 0] == 127 * 127 * k
+@pytest.mark.parametrize("value_x, value_w", [(-127, -127), (-128, -128), (127, -128), (-128, 127), (127, 127)])
+def test_int8_gemm_at_the_extremes_is_exact(dot_path, value_x, value_w):
+    k = int8.MAX_EXACT_K if abs(value_x * value_w) <= 127 * 127 else (2**31 - 1) // (128 * 128)
+    a = np.full((1, k), value_x, dtype=np.int8)
+    b = np.full((2, k), value_w, dtype=np.int8)
+    assert (int8_gemm(a, b) == value_x * value_w * k).all()
     with pytest.raises(ValueError, match="overflow an int32"):
-        int8_gemm(np.zeros((1, k + 1), np.int8), np.zeros((1, k + 1), np.int8))
+        int8_gemm(np.zeros((1, int8.MAX_EXACT_K + 1), np.int8), np.zeros((1, int8.MAX_EXACT_K + 1), np.int8))
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 17, 40])  # the one-launch GEMV (M <= 16) and the GEMM path
+@pytest.mark.parametrize("k, n", [(576, 960), (63, 70), (130, 1), (1, 5)])
+def test_both_dot_paths_give_identical_results(rng, monkeypatch, m, k, n):
+    from kernels.int8 import _api, _vnni
+
+    if not _vnni.AVAILABLE:
+        pytest.skip(f"Numba's target CPU lacks {', '.join(_vnni.REQUIRED_FEATURES)}: only the loop can run here")
+    x, w, _ = planted_int8(rng, m, k, n, min(3, k))
+    layer = Int8Linear.from_float(w)
+    monkeypatch.setattr(_api, "USE_VNNI", False)
+    loop = layer(x)
+    monkeypatch.setattr(_api, "USE_VNNI", True)
+    assert np.array_equal(layer(x), loop)  # the int32 sums are exact on both, the float epilogue is shared
+
+
+def test_the_dot_product_path_runs_vpdpbusd(rng):
+    from numba import njit
+
+    from kernels.int8 import _vnni
+
+    if not _vnni.AVAILABLE:
+        pytest.skip(f"Numba's target CPU lacks {', '.join(_vnni.REQUIRED_FEATURES)}: only the loop can run here")
+    x, w, _ = planted_int8(rng, 2, 100, 30, 1)
+    layer = Int8Linear.from_float(w)
+    int8_matmul(x, layer)  # the GEMV
+    int8_matmul(np.repeat(x, 20, axis=0), layer)  # the GEMM
+    for kernel in (_vnni.split_gemv, _vnni.gemm):
+        fresh = njit(parallel=True)(kernel.py_func)  # compiled here: Numba shows no assembly for cached code
+        fresh.compile(kernel.signatures[0])
+        assert "vpdpbusd" in fresh.inspect_asm(kernel.signatures[0])
+
+
+@pytest.mark.parametrize("env, expected", [({"NUMBA_CPU_NAME": "generic"}, False),
+                                           ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}, False),
+                                           ({"NUMBA_CPU_NAME": "icelake-server",
+                                             "NUMBA_CPU_FEATURES": "+avx512f,+avx512bw,+avx512vnni"}, True)])
+def test_the_path_follows_numbas_target_cpu(env, expected):
+    import os
+    import subprocess
+    import sys
+
+    code = "from kernels.int8 import _api, _vnni; print(_vnni.AVAILABLE, _api.USE_VNNI)"
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True)
+    assert run.stdout.split() == [str(expected)] * 2
 
 
 CASES = [(1, 64, 32, 0), (1, 4096, 96, 3), (17, 300, 130, 1), (64, 257, 64, 7), (5, 40, 33, 40)]
@@ -52,7 +117,7 @@ CASES = [(1, 64, 32, 0), (1, 4096, 96, 3), (17, 300, 130, 1), (64, 257, 64, 7), 
 
 @pytest.mark.parametrize("keep_fp16", [False, True])
 @pytest.mark.parametrize("m, k, n, n_out", CASES)
-def test_split_matmul_equals_the_oracle(rng, m, k, n, n_out, keep_fp16):
+def test_split_matmul_equals_the_oracle(rng, dot_path, m, k, n, n_out, keep_fp16):
     x, w, _ = planted_int8(rng, m, k, n, n_out)
     layer = Int8Linear.from_float(w, keep_fp16_weights=keep_fp16)
     y, dims = layer(x, return_outliers=True)
@@ -165,8 +230,8 @@ def test_batched_input_bias_and_storage(rng):
     assert y.shape == (2, 3, 48)
     ref = int8_matmul_reference(x, w) + bias
     assert_close(y, ref, np.float32, scale=np.abs(ref).max())
-    assert layer.nbytes == 64 * 48 + 4 * 48 + 4 * 48  # int8 weights, float32 scales, float32 bias
-    assert Int8Linear.from_float(w, keep_fp16_weights=True).nbytes == 64 * 48 * 3 + 4 * 48
+    assert layer.nbytes == 64 * 48 + 3 * 4 * 48  # int8 weights; float32 scales, int32 row sums, float32 bias
+    assert Int8Linear.from_float(w, keep_fp16_weights=True).nbytes == 64 * 48 * 3 + 2 * 4 * 48
     assert layer.in_features == 64 and layer.out_features == 48
 
 

@@ -62,3 +62,56 @@ def test_switches_run(rng):
     np.testing.assert_allclose(m.forward(ids, m.new_cache(), 0), fp32, rtol=1e-4, atol=1e-4 * np.abs(fp32).max())
     out = SmolLM2(weights=weights).generate(ids, 5, policy=cache_policy("snapkv", capacity=16, window=4))
     assert len(out) == 5 and all(0 <= t < 50 for t in out)
+
+
+@pytest.mark.parametrize("linear", ["fp32", "int8"])
+def test_the_lean_decode_step_equals_the_general_forward(rng, linear):
+    model = SmolLM2(weights=tiny_weights(rng), linear=linear)
+    ids = rng.integers(0, 50, 20).tolist()
+    logits = {}
+    for lean in (True, False):
+        model.lean_decode = lean
+        cache = model.new_cache(8)  # grown by doubling on the way
+        logits[lean] = np.concatenate([model.forward(ids[:6], cache, 0)]
+                                      + [model.forward([t], cache, 6 + i) for i, t in enumerate(ids[6:])])
+    np.testing.assert_allclose(logits[True], logits[False], rtol=1e-5, atol=1e-5 * np.abs(logits[False]).max())
+    model.lean_decode = True
+    greedy = model.generate(ids, 8)
+    model.lean_decode = False
+    assert model.generate(ids, 8) == greedy
+
+
+def test_decoding_writes_the_static_cache_in_place(model, rng):
+    ids = rng.integers(0, 50, 10).tolist()
+    cache = model.new_cache(16)
+    arrays = list(cache.k) + list(cache.v)
+    prefill = model.forward(ids, cache, 0)
+    assert len(model.continue_decoding(prefill[-1], cache, 10, 6)) == 6
+    assert cache.lengths == [16, 16]
+    assert all(a is b for a, b in zip(arrays, list(cache.k) + list(cache.v)))  # written in place, never reallocated
+    small, fresh = model.new_cache(4), model.new_cache(16)  # too small for the prompt: grown, the same content
+    model.forward(ids, small, 0)
+    model.forward(ids, fresh, 0)
+    assert small.capacity() >= 10 and small.lengths == [10, 10]
+    for layer in range(2):
+        np.testing.assert_array_equal(small[layer][0], fresh[layer][0])
+        np.testing.assert_array_equal(small[layer][1], fresh[layer][1])
+
+
+@pytest.mark.parametrize("name, options", [("snapkv", {"capacity": 12, "window": 4}), ("streaming", {"capacity": 12}),
+                                           ("h2o", {"capacity": 12})])
+def test_policies_compress_into_the_static_cache(model, rng, name, options):
+    ids = rng.integers(0, 50, 30).tolist()
+    cache, queries = model.new_cache(40), []
+    model.forward(ids, cache, 0, queries=queries)
+    original = cache.copy()
+    arrays = list(cache.k)
+    model.compress_cache(cache, queries, cache_policy(name, **options))
+    assert cache.lengths == [12, 12] and all(a is b for a, b in zip(arrays, cache.k))
+    assert original.lengths == [30, 30]  # the copy keeps the prefill's cache
+    for layer in range(2):
+        k_c, v_c, _ = cache_policy(name, **options)(queries[layer][None], original[layer][0][None],
+                                                   original[layer][1][None])
+        np.testing.assert_array_equal(cache[layer][0], k_c[0])
+        np.testing.assert_array_equal(cache[layer][1], v_c[0])
+    assert len(model.continue_decoding(np.zeros(50, np.float32), cache, 30, 4)) == 4  # decodes on from there

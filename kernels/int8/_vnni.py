@@ -1,0 +1,370 @@
+"""The int8 GEMM and decode GEMV of LLM.int8() on integer dot-product instructions: AVX512-VNNI's ``vpdpbusd``
+(Intel 64 and IA-32 Architectures Software Developer's Manual, vol. 2C, "VPDPBUSD"), emitted from Numba through
+LLVM intrinsics (``llvm.x86.avx512.vpdpbusd.512``).
+
+``vpdpbusd acc, a, b`` adds to each of 16 int32 lanes the sum of four products of an unsigned byte of ``a`` and a
+signed byte of ``b``: 64 multiply-adds per instruction, where LLVM's vectorization of the plain loop in
+``_numba_cpu`` (int8 widened to int32) does 16. The activations are signed, so they are offset by +128 into
+[1, 255] (an exact xor of the sign bit) and the offset is taken back per output:
+
+    Σ_k x[m, k] · w[n, k] = Σ_k (x[m, k] + 128) · w[n, k] − 128 · Σ_k w[n, k],
+
+with the weights' row sums Σ_k w[n, k] computed once per weight (``Int8Weight.w_row_sums``). The instruction
+wraps (no saturation), so every sum here is exact modulo 2^32 and the result, whose true value fits in an int32
+(K <= MAX_EXACT_K), is exact: bit-identical to the int32 loop and the int64 oracle.
+
+Chosen at run time: the kernels compile only when the target Numba compiles for has AVX512-VNNI and AVX512-BW
+(``AVAILABLE``: ``NUMBA_CPU_FEATURES``/``NUMBA_CPU_NAME=generic`` override the host's features, as they do for all
+of Numba's code); anywhere else ``_numba_cpu``'s loop runs (LLVM cannot select the intrinsic without the feature).
+
+Versions (2-vCPU Intel Xeon, Sapphire Rapids class, KVM, shared with other jobs while measured):
+  v1 (this file): the GEMV streams the (N, K) weight rows once, a 64-byte dot product per step (a masked load
+      for the K tail), one horizontal sum per output. The GEMM packs Wᵀ into panels of NR = 64 outputs ×
+      4 k (the operand layout of ``vpdpbusd``, zero-padded in K and N) once per call, then a register-blocked
+      MR × NR = 6 × 64 micro-tile (24 zmm accumulators) broadcasts 4 activation bytes per row against the
+      panel's 4 vectors per step of k; the dequantization in its epilogue. The int32 product 512 x 4096 x 4096
+      alone: 12.1 ms (1.4 TOP/s, 3.7x NumPy's sgemm of the same size, 45 ms, at a quiet moment; the loop:
+      207 ms), the packing 1.3 ms more. ``benchmarks/test_bench_int8.py`` (one run, other jobs running):
+      Int8Linear GEMM 19.9 ms median (862 GOP/s; NumPy sgemm 152.8 ms; each call after a settle, interleaved:
+      2.84x), GEMV 8192² 1.22 ms (54.8 GB/s of int8 weights, which this VM's 480 MiB L3 holds; NumPy float32
+      24.0 ms; settled and interleaved 2.25x: a cold call pays about 0.7 ms to wake the threads). With other
+      jobs on the second core every two-thread call waits out their time slice (medians of about 8 ms).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import config, njit, prange, types
+from numba.core import cgutils
+from numba.core.codegen import get_host_cpu_features
+from numba.extending import intrinsic, models, register_model
+
+from ._numba_cpu import GEMV_BN, QMAX, _gemv_output, _gemv_prologue, _quantize_row
+
+REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vnni")  # zmm registers, byte-masked loads, vpdpbusd
+VECTOR_BYTES = 64  # one zmm register
+LANES = 16  # int32 lanes of a zmm register
+OFFSET = 128  # x + 128 maps int8 [-128, 127] onto uint8 [0, 255]
+MR = 6  # rows of X per micro-tile
+NR = 64  # outputs per micro-tile and per packed panel: 4 zmm registers; MR·NR/16 = 24 of the 32 hold sums
+BM = MR * 16  # rows of X per GEMM task: BM·K bytes of X stay in L2 while a panel's micro-tiles pass
+
+
+def target_features() -> set[str]:
+    """The x86 features Numba compiles for: ``numba.config.CPU_FEATURES`` when set (NUMBA_CPU_FEATURES; ''
+    with NUMBA_CPU_NAME=generic), else the host's as LLVM reports them. A feature that only a NUMBA_CPU_NAME
+    implies is not seen, which errs towards the portable loop."""
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return {f[1:] for f in features.split(",") if f.startswith("+")}
+
+
+AVAILABLE = set(REQUIRED_FEATURES) <= target_features()
+
+
+# -- a zmm register as a Numba value -----------------------------------------------------------------------------
+class Int32x16(types.Type):
+    """A <16 x i32> LLVM vector: 16 int32 sums, or 64 bytes to multiply."""
+
+    def __init__(self):
+        super().__init__(name="int32x16")
+
+
+int32x16 = Int32x16()
+_VEC = ir.VectorType(ir.IntType(32), LANES)
+_BYTES = ir.VectorType(ir.IntType(8), VECTOR_BYTES)
+_I32 = ir.IntType(32)
+
+
+@register_model(Int32x16)
+class _Int32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _address(context, builder, array_type, array, index_type, index):
+    """&array.flat[index] of a C-contiguous array, as an i8 pointer (no bounds check: the callers' loops bound it)."""
+    data = context.make_array(array_type)(context, builder, array).data
+    index = context.cast(builder, index, index_type, types.intp)
+    return builder.bitcast(builder.gep(data, [index]), ir.IntType(8).as_pointer())
+
+
+def _is_c_array(a):
+    return isinstance(a, types.Array) and a.layout == "C"
+
+
+@intrinsic
+def vzero(typingctx):
+    """16 int32 zeros."""
+    return int32x16(), lambda context, builder, signature, args: ir.Constant(_VEC, None)
+
+
+@intrinsic
+def vload(typingctx, array, index):
+    """The 64 bytes from &array.flat[index] on (unaligned)."""
+    if not (_is_c_array(array) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        return builder.load(builder.bitcast(p, _VEC.as_pointer()), align=1)
+
+    return int32x16(array, index), codegen
+
+
+@intrinsic
+def vload_first(typingctx, array, index, count):
+    """The first ``count`` (< 64) bytes from &array.flat[index] on, zeros after them; nothing past them is read
+    (a byte-masked load, AVX512-BW's ``vmovdqu8 {z}``)."""
+    if not (_is_c_array(array) and isinstance(index, types.Integer) and isinstance(count, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        n = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), ir.IntType(8))
+        lanes = ir.Constant(_BYTES, list(range(VECTOR_BYTES)))
+        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_BYTES, None), n, _I32(0)),
+                                       ir.Constant(_BYTES, None), ir.Constant(ir.VectorType(_I32, VECTOR_BYTES),
+                                                                              [0] * VECTOR_BYTES))
+        mask = builder.icmp_unsigned("<", lanes, splat)  # lane i loads when i < count
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_BYTES, [p.type, _I32, mask.type, _BYTES]), "llvm.masked.load.v64i8.p0")
+        loaded = builder.call(masked_load, [p, _I32(1), mask, ir.Constant(_BYTES, None)])
+        return builder.bitcast(loaded, _VEC)
+
+    return int32x16(array, index, count), codegen
+
+
+@intrinsic
+def vdpbusd(typingctx, acc, a, b):
+    """acc[i] + Σ_{j<4} uint8(a[4i + j]) · int8(b[4i + j]) for each of the 16 lanes, wrapping (``vpdpbusd``)."""
+    if not (acc == int32x16 and a == int32x16 and b == int32x16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
+                                            "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, args)
+
+    return int32x16(acc, a, b), codegen
+
+
+@intrinsic
+def vsum(typingctx, v):
+    """Σ of the 16 int32 lanes, wrapping."""
+    if v != int32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_VEC]),
+                                            "llvm.vector.reduce.add.v16i32")
+        return builder.call(fn, args)
+
+    return types.int32(v), codegen
+
+
+@intrinsic
+def load_int32(typingctx, array, index):
+    """The 4 bytes from &array.flat[index] on, as one int32 (unaligned): a group of 4 k of one weight row."""
+    if not (_is_c_array(array) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        return builder.load(builder.bitcast(p, _I32.as_pointer()), align=1)
+
+    return types.int32(array, index), codegen
+
+
+@intrinsic
+def micro_tile(typingctx, x_u8, m0, panel, tile):
+    """tile[i, :] = Σ_q broadcast(x_u8[min(m0 + i, M − 1), 4q : 4q + 4]) ⊙ panel[q, :] for i < MR (wrapping int32).
+
+    x_u8 (M, 4·Kq) uint8, panel (Kq, NR) int32 (4 k of one output per int32), tile (MR, NR) int32. Unrolled at
+    code generation: MR·NR/16 accumulators, each step of q loads the panel row's NR/16 vectors once and
+    broadcasts one int32 per row of X against them. Rows past M repeat row M − 1 (their sums are not used)."""
+    if not (_is_c_array(x_u8) and _is_c_array(panel) and _is_c_array(tile) and isinstance(m0, types.Integer)):
+        return None
+    n_vectors = NR // LANES
+
+    def codegen(context, builder, signature, args):
+        x_t, m0_t, panel_t, tile_t = signature.args
+        x_arr = context.make_array(x_t)(context, builder, args[0])
+        M, row_bytes = cgutils.unpack_tuple(builder, x_arr.shape, 2)
+        Kq = cgutils.unpack_tuple(builder, context.make_array(panel_t)(context, builder, args[2]).shape, 2)[0]
+        x_data = builder.bitcast(x_arr.data, ir.IntType(8).as_pointer())
+        m0_v = context.cast(builder, args[1], m0_t, types.intp)
+        last = builder.sub(M, ir.Constant(M.type, 1))
+        rows = []
+        for i in range(MR):  # &x_u8[min(m0 + i, M - 1), 0]
+            m = builder.add(m0_v, ir.Constant(M.type, i))
+            m = builder.select(builder.icmp_signed("<", m, M), m, last)
+            rows.append(builder.gep(x_data, [builder.mul(m, row_bytes)]))
+        panel_data = builder.bitcast(context.make_array(panel_t)(context, builder, args[2]).data, _I32.as_pointer())
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VEC, None)) for _ in range(n_vectors)]
+                for _ in range(MR)]
+        with cgutils.for_range(builder, Kq) as loop:
+            q = loop.index
+            row = builder.gep(panel_data, [builder.mul(q, ir.Constant(q.type, NR))])
+            b = [builder.load(builder.bitcast(builder.gep(row, [ir.Constant(q.type, LANES * j)]), _VEC.as_pointer()),
+                              align=4) for j in range(n_vectors)]
+            for i in range(MR):
+                a32 = builder.load(builder.bitcast(builder.gep(rows[i], [builder.shl(q, ir.Constant(q.type, 2))]),
+                                                   _I32.as_pointer()), align=1)
+                a = builder.shuffle_vector(builder.insert_element(ir.Constant(_VEC, None), a32, _I32(0)),
+                                           ir.Constant(_VEC, None), ir.Constant(_VEC, [0] * LANES))
+                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
+                                                    "llvm.x86.avx512.vpdpbusd.512")
+                for j in range(n_vectors):
+                    builder.store(builder.call(fn, [builder.load(accs[i][j]), a, b[j]]), accs[i][j])
+        tile_data = builder.bitcast(context.make_array(tile_t)(context, builder, args[3]).data, _I32.as_pointer())
+        for i in range(MR):
+            for j in range(n_vectors):
+                dst = builder.gep(tile_data, [ir.Constant(ir.IntType(64), i * NR + LANES * j)])
+                builder.store(builder.load(accs[i][j]), builder.bitcast(dst, _VEC.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(x_u8, m0, panel, tile), codegen
+
+
+# -- kernels ---------------------------------------------------------------------------------------------------
+@njit(inline="always")
+def _corrected(sum_u8, row_sum):
+    """Σ x·w from Σ (x + 128)·w (wrapped int32) and Σ w: exact modulo 2^32, so exact where the result fits."""
+    return np.int32(np.int64(sum_u8) - OFFSET * np.int64(row_sum))
+
+
+@njit(inline="always")
+def _offset_row(x_u8, m, K):
+    """Row m of x_u8 holds int8 values (two's complement bytes) in [0, K): add 128 to each (xor of the sign bit),
+    and set the padding x_u8[m, K:] to 128, the offset zero (its weights are 0 or masked off)."""
+    for k in range(K):
+        x_u8[m, k] ^= OFFSET
+    for k in range(K, x_u8.shape[1]):
+        x_u8[m, k] = OFFSET
+
+
+@njit(parallel=True, cache=True)
+def quantize_rows(x, skip, x_u8, absmax):
+    """``_numba_cpu.quantize_rows`` into offset activations: x_u8 (M, K rounded up) = the int8 values + 128 (the
+    same int8 values: the same rounding code writes them), in the same pass over each row."""
+    for m in prange(x.shape[0]):
+        _quantize_row(x, m, skip, x_u8, absmax)
+        _offset_row(x_u8, m, x.shape[1])
+
+
+@njit(inline="always")
+def _dot_row(x_u8, m, w_i8_t, n):
+    """Σ_k (x[m, k] + 128) · w[n, k] over one weight row (wrapped int32); x_u8 rows padded to 64 bytes."""
+    K = w_i8_t.shape[1]
+    row_bytes = x_u8.shape[1]
+    full = K - K % VECTOR_BYTES
+    acc = vzero()
+    for k in range(0, full, VECTOR_BYTES):
+        acc = vdpbusd(acc, vload(x_u8, m * row_bytes + k), vload(w_i8_t, n * K + k))
+    if full < K:
+        acc = vdpbusd(acc, vload(x_u8, m * row_bytes + full), vload_first(w_i8_t, n * K + full, K - full))
+    return vsum(acc)
+
+
+@njit(parallel=True, cache=True)
+def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
+    """``_numba_cpu.split_gemv`` with the int32 dot products on ``vpdpbusd``: the same outlier scan, quantization
+    and float epilogue (shared code), so the results are bit-identical; the weights are read once, in order."""
+    M, K = x.shape
+    N = w_i8_t.shape[0]
+    cols, x_o, x_i8, absmax_x = _gemv_prologue(x, threshold, flags)
+    row_bytes = (K + VECTOR_BYTES - 1) // VECTOR_BYTES * VECTOR_BYTES
+    x_u8 = np.empty((M, row_bytes), dtype=np.uint8)  # (M, K rounded up to 64)
+    for m in range(M):
+        for k in range(K):
+            x_u8[m, k] = x_i8[m, k]  # the two's complement byte
+        _offset_row(x_u8, m, K)
+    for block in prange((N + GEMV_BN - 1) // GEMV_BN):
+        for n in range(block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)):
+            for m in range(M):
+                c = _corrected(_dot_row(x_u8, m, w_i8_t, n), w_row_sums[n])
+                y[m, n] = _gemv_output(c, m, n, absmax_x, absmax_w, x_o, cols, w_i8_t)
+
+
+@njit(parallel=True, cache=True)
+def pack_panels(w_i8_t, panels):
+    """panels[p, q, j] = the 4 bytes w[p·NR + j, 4q : 4q + 4] as one int32, zero past N and K: (P, Kq, NR)."""
+    N, K = w_i8_t.shape
+    P, Kq, _ = panels.shape
+    full = K // 4
+    for p in prange(P):
+        rows = min(NR, N - p * NR)
+        for q in range(full):  # q outer: the stores run in order, the 64 rows' lines stay in L1 for 16 steps
+            for j in range(rows):
+                panels[p, q, j] = load_int32(w_i8_t, (p * NR + j) * K + 4 * q)
+        if full < Kq:  # the last, partial group of 4 k, zero-padded
+            for j in range(rows):
+                tail = np.int64(0)
+                for r in range(K - 4 * full):
+                    tail |= (np.int64(w_i8_t[p * NR + j, 4 * full + r]) & 0xFF) << (8 * r)
+                panels[p, full, j] = np.int32(tail)
+        for q in range(Kq):  # outputs past N
+            for j in range(rows, NR):
+                panels[p, q, j] = 0
+
+
+@njit(parallel=True, cache=True)
+def gemm(x_u8, panels, w_row_sums, absmax_x, absmax_w, out):
+    """out[m, n] = Σ_k x[m, k] · w[n, k] (int32, exact), from offset activations x_u8 (M, 4·Kq) and the packed
+    weight panels (P, Kq, NR); dequantized in the epilogue into a float32 ``out`` when absmax_x (M,) and absmax_w
+    (N,) are given (not empty), as ``_numba_cpu.dequantize`` computes it. One task per BM rows × one panel,
+    panel-major so that a thread's consecutive tasks reuse the panel from L2."""
+    M = x_u8.shape[0]
+    N = out.shape[1]
+    P = panels.shape[0]
+    blocks_m = (M + BM - 1) // BM
+    inv = np.float32(1.0 / (QMAX * QMAX))
+    dequantize = absmax_x.size > 0
+    for task in prange(P * blocks_m):
+        p = task // blocks_m
+        n0 = p * NR
+        tile = np.empty((MR, NR), dtype=np.int32)  # (MR, NR) wrapped sums of (x + 128)·w
+        for m0 in range((task % blocks_m) * BM, min((task % blocks_m) * BM + BM, M), MR):
+            micro_tile(x_u8, m0, panels[p], tile)
+            for i in range(min(MR, M - m0)):
+                m = m0 + i
+                if dequantize:
+                    row_scale = absmax_x[m] * inv
+                    for j in range(min(NR, N - n0)):
+                        c = _corrected(tile[i, j], w_row_sums[n0 + j])
+                        out[m, n0 + j] = np.float32(c) * (row_scale * absmax_w[n0 + j])
+                else:
+                    for j in range(min(NR, N - n0)):
+                        out[m, n0 + j] = _corrected(tile[i, j], w_row_sums[n0 + j])
+
+
+@njit(parallel=True, cache=True)
+def row_sums(w_i8_t, sums):
+    """sums[n] = Σ_k w[n, k] (int32: |Σ| <= 128·K fits for every K that the int32 products allow)."""
+    N, K = w_i8_t.shape
+    for n in prange(N):
+        acc = 0
+        for k in range(K):
+            acc += np.int32(w_i8_t[n, k])
+        sums[n] = acc
+
+
+def offset_activations(x_i8):
+    """x_i8 (M, K) int8 as the GEMM's operand: x + 128 as uint8, (M, K rounded up to 4), padded with 128."""
+    M, K = x_i8.shape
+    x_u8 = np.full((M, (K + 3) // 4 * 4), OFFSET, dtype=np.uint8)  # (M, K rounded up to 4)
+    np.bitwise_xor(x_i8.view(np.uint8), np.uint8(OFFSET), out=x_u8[:, :K])
+    return x_u8
+
+
+def gemm_i8(x_u8, w_i8_t, w_row_sums, out, absmax_x=None, absmax_w=None):
+    """out (M, N) = x (M, K) · w_i8_tᵀ from the offset activations x_u8 (M, K rounded up to 4): exact int32 sums
+    into an int32 ``out``, or, given the absmax of the rows of x and of the outputs, dequantized into a float32
+    ``out``. Packs the panels, multiplies."""
+    N, K = w_i8_t.shape
+    Kq = x_u8.shape[1] // 4
+    panels = np.empty(((N + NR - 1) // NR, Kq, NR), dtype=np.int32)  # (P, Kq, NR)
+    pack_panels(w_i8_t, panels)
+    if absmax_x is None:
+        absmax_x = absmax_w = np.empty(0, dtype=np.float32)
+    gemm(x_u8, panels, w_row_sums, absmax_x, absmax_w, out)

@@ -1,0 +1,56 @@
+"""kernels.decode (the fused per-token kernels of a Llama block) against float64 oracles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import attn, decode
+
+from tests.helpers import assert_close
+
+
+@pytest.mark.parametrize("hidden, with_delta", [(1, True), (7, False), (576, True)])
+def test_add_rms_norm_equals_the_oracle(rng, hidden, with_delta):
+    x = rng.standard_normal(hidden).astype(np.float32)
+    delta = rng.standard_normal(hidden).astype(np.float32) if with_delta else np.empty(0, np.float32)
+    weight = rng.standard_normal(hidden).astype(np.float32)
+    residual = x.astype(np.float64) + (delta if with_delta else 0.0)
+    h = np.empty(hidden, np.float32)
+    decode.add_rms_norm(x, delta, weight, 1e-5, h)
+    assert_close(x, residual, np.float32)  # the residual stream is updated in place
+    assert_close(h, decode.rms_norm_reference(residual, weight, 1e-5), np.float32)
+
+
+# (Hq, Hkv, d, slot): MHA, GQA groups of 3 and 2, the first token (slot 0), d of 2 (one rotary pair)
+@pytest.mark.parametrize("hq, hkv, d, slot", [(4, 4, 8, 5), (9, 3, 64, 0), (9, 3, 64, 37), (6, 3, 2, 130),
+                                              (8, 1, 16, 1)])
+def test_rope_attend_equals_the_oracle(rng, hq, hkv, d, slot):
+    qkv = rng.standard_normal((hq + 2 * hkv) * d).astype(np.float32)
+    angles = rng.uniform(0, 2 * np.pi, d // 2)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    capacity = slot + 3
+    k_cache = rng.standard_normal((hkv, capacity, d)).astype(np.float32)
+    v_cache = rng.standard_normal((hkv, capacity, d)).astype(np.float32)
+    earlier_k, earlier_v = k_cache[:, :slot].copy(), v_cache[:, :slot].copy()
+    after = k_cache[:, slot + 1:].copy()
+    o = np.empty(hq * d, np.float32)
+    decode.rope_attend(qkv, cos, sin, k_cache, v_cache, slot, np.float32(d**-0.5), o)
+    q = decode.rope_reference(qkv[:hq * d].reshape(hq, 1, d), cos, sin)  # (Hq, 1, d)
+    k_new = decode.rope_reference(qkv[hq * d:(hq + hkv) * d].reshape(hkv, 1, d), cos, sin)  # (Hkv, 1, d)
+    v_new = qkv[(hq + hkv) * d:].reshape(hkv, 1, d)
+    assert_close(k_cache[:, slot:slot + 1], k_new, np.float32)  # the rotated key written into its slot
+    assert np.array_equal(v_cache[:, slot:slot + 1], v_new)
+    assert np.array_equal(k_cache[:, :slot], earlier_k) and np.array_equal(v_cache[:, :slot], earlier_v)
+    assert np.array_equal(k_cache[:, slot + 1:], after)  # nothing past the slot is touched
+    k = np.concatenate([earlier_k, k_new], axis=1)
+    v = np.concatenate([earlier_v, v_new], axis=1).astype(np.float64)
+    assert_close(o.reshape(hq, 1, d), attn.reference(q, k, v, causal=True), np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 5, 1536])
+def test_swiglu_equals_the_oracle(rng, n):
+    gate_up = (rng.standard_normal(2 * n) * 4).astype(np.float32)
+    out = np.empty(n, np.float32)
+    decode.swiglu(gate_up, out)
+    g, u = gate_up[:n].astype(np.float64), gate_up[n:].astype(np.float64)
+    assert_close(out, g / (1 + np.exp(-g)) * u, np.float32)
