@@ -15,12 +15,11 @@ import pytest
 
 import kernels
 from kernels.cpuinfo import cpu_model
-from simulator.calibrate import read_bandwidth
+from simulator.calibrate import dram_test_bytes, read_bandwidth
 from simulator.measure import SETTLE_S, time_call
 
 
 SGEMM_N = 2048  # large enough that sgemm runs near peak on every core
-COPY_BYTES = 256 * 2**20  # well above any last-level cache
 
 
 def pytest_configure(config):
@@ -32,14 +31,15 @@ def machine_peaks():
     """sgemm GFLOP/s (2·n³ / t), copy GB/s (2·bytes / t: each byte read once and written once) and read GB/s
     (bytes / t, all cores, nothing written: ``simulator.calibrate.read_bandwidth``), measured now."""
     read_gbps = read_bandwidth() / 1e9  # first: NumPy's BLAS threads spin for ~0.1 s after the sgemm below
-    src = np.ones(COPY_BYTES // 4, dtype=np.float32)
+    copy_bytes = dram_test_bytes()  # twice the largest cache: from DRAM, not from the cache
+    src = np.ones(copy_bytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     copy = time_call(lambda: np.copyto(dst, src), repeats=5, warmup=1)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32) for _ in range(2))
     sgemm = time_call(lambda: a @ b, repeats=5, warmup=2)
     peaks = {"sgemm_gflops": 2 * SGEMM_N**3 / sgemm.median_s / 1e9,
-             "copy_gbps": 2 * COPY_BYTES / copy.median_s / 1e9, "read_gbps": read_gbps}
+             "copy_gbps": 2 * copy_bytes / copy.median_s / 1e9, "read_gbps": read_gbps}
     _MEASURED.update(peaks)
     return peaks
 

@@ -19,8 +19,18 @@ from .hardware.spec import HardwareSpec, from_toml
 from .measure import time_call
 
 CACHE_FILE = "cpu-spec.toml"
-TRIAD_DRAM_BYTES = 256 * 2**20  # per array: far above any last-level cache
+MIN_DRAM_BYTES = 256 * 2**20  # per array of a DRAM measurement, at least
 SGEMM_N = 2048
+
+
+def dram_test_bytes() -> int:
+    """Bytes per array of a DRAM measurement: twice the largest cache the OS reports, so that no pass is served
+    from it (a 2-vCPU VM here reports the host's 480 MiB L3), at least MIN_DRAM_BYTES, and at most an eighth of
+    the memory available now (a triad holds three such arrays)."""
+    import psutil
+
+    largest_cache = max(cache_sizes().values(), default=0)
+    return int(min(max(MIN_DRAM_BYTES, 2 * largest_cache), psutil.virtual_memory().available // 8))
 
 
 @njit(parallel=True, cache=True)
@@ -92,11 +102,12 @@ def cache_triad_bandwidth(n_bytes: int, repeats: int = 5) -> float:
     return sweeps * 4 * 8 * n / timing.min_s
 
 
-def read_bandwidth(n_bytes: int = TRIAD_DRAM_BYTES, repeats: int = 5) -> float:
+def read_bandwidth(n_bytes: int | None = None, repeats: int = 5) -> float:
     """Bytes/s of reading ``n_bytes`` of float32 once on all cores (a sum, nothing written back): the rate that
     bounds a decode step, which streams its weights and KV cache and writes almost nothing. The best of
     ``repeats`` (a bound, as STREAM reports its best run).
     """
+    n_bytes = dram_test_bytes() if n_bytes is None else n_bytes
     x = np.ones(max(1, n_bytes // 4), dtype=np.float32)
     n_chunks = 64 * (os.cpu_count() or 1)  # many more chunks than threads, so a slow core does not hold the rest
     timing = time_call(lambda: _read_sum(x, n_chunks), repeats=repeats, warmup=2, settle_s=0.0)
@@ -131,7 +142,7 @@ def calibrate() -> HardwareSpec:
     # Numba's parallel regions first, NumPy's BLAS last: OpenBLAS's threads spin for a while after an sgemm, and
     # a triad of a few microseconds run beside them measured 8 ms per call (seen after the model tests)
     cache_bw = cache_triad_bandwidth(l2 // 4)  # three arrays that fit in one L2 together, split over the cores
-    dram_bw = triad_bandwidth(TRIAD_DRAM_BYTES)
+    dram_bw = triad_bandwidth(dram_test_bytes())
     launch_s = launch_overhead()
     fp32 = sgemm_flops()
     spec = HardwareSpec(
