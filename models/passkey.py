@@ -91,10 +91,11 @@ def answer_found(answer: str, passkey: str) -> bool:
 
 
 def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, policies=POLICIES, *, seed=0,
-             window=32, max_new_tokens=8, progress=None):
+             window=32, max_new_tokens=8, progress=None, on_row=None):
     """Passkey accuracy rows: one per (n, depth, policy, capacity), n the prompt's tokens, with the full cache as
-    policy "full".
-    Each prompt is prefilled once; every policy compresses a copy of that prefill's cache and decodes greedily."""
+    policy "full"; ``on_row`` (optional) gets each row as soon as it exists (so a long run loses nothing when
+    stopped). Each prompt is prefilled once; every policy compresses a copy of that prefill's cache and decodes
+    greedily."""
     rows = []
     for n_tokens in contexts:
         for i, depth in enumerate(depths):
@@ -121,6 +122,8 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
                 rows.append({"n": n_tokens, "depth": depth, "policy": name, "capacity": capacity,
                              "passkey": case.passkey, "answer": answer.strip(),
                              "correct": int(answer_found(answer, case.passkey))})
+                if on_row is not None:
+                    on_row(rows[-1])
     return rows
 
 

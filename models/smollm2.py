@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
+import numbers
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -90,6 +93,20 @@ def _field_ints(reader, key):
     return [int(field.parts[i][0]) for i in field.data]
 
 
+def open_gguf(path):
+    """A ``gguf.GGUFReader`` of the file ``path`` (memory-mapped: nothing is dequantized yet); a file that is not a
+    GGUF (empty, truncated, another format) raises ``ValueError`` naming it."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        reader.fields["llama.context_length"]  # (the one field this model needs that every SmolLM2 GGUF has)
+    except (ValueError, KeyError, IndexError, OSError, struct.error) as err:
+        raise ValueError(f"{path} is not a readable GGUF file of a Llama-architecture model: "
+                         f"{type(err).__name__}: {err}") from None
+    return reader
+
+
 def load_tokenizer(reader):
     """Byte-level BPE from the GGUF's vocabulary and merges (``tokenizers``): the 17 control tokens are matched
     whole, digits are split one by one, then GPT-2's byte-level pre-tokenization, as the original tokenizer does."""
@@ -126,6 +143,19 @@ def evaluation_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[key].strip() for key in sorted(topics))
+
+
+def _check_sampling(temperature, top_k, top_p):
+    """temperature finite and >= 0 (0: greedy), top_k None or an int >= 1, top_p None or in (0, 1]."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1; got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None or a number in (0, 1]; got {top_p!r}")
+    return float(temperature), top_k, top_p
 
 
 def chat_prompt(question: str, system: str = DEFAULT_SYSTEM) -> str:
@@ -188,15 +218,17 @@ class SmolLM2:
         self.linear, self.quantize_lm_head = linear, quantize_lm_head
         if weights is not None:
             self.config, tensors = weights
-            self.tokenizer, self.eps = None, 1e-5
+            self.tokenizer, self.eps, self.context_length = None, 1e-5, None
         else:
             require_model_extra()
             import gguf
 
             self.config = get_config("smollm2-135m")
-            reader = gguf.GGUFReader(str(fetch_gguf(gguf_path)))
+            reader = open_gguf(fetch_gguf(gguf_path))
             self.tokenizer = load_tokenizer(reader)
             self.eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
+            # the positions the model was trained on (8192 for SmolLM2-135M): RoPE past them is extrapolation
+            self.context_length = int(reader.fields["llama.context_length"].parts[-1][0])
             tensors = {t.name: gguf.dequantize(t.data, t.tensor_type).astype(np.float32) for t in reader.tensors}
         self.embedding = np.ascontiguousarray(tensors["token_embd.weight"])  # (vocab, hidden), tied LM head
         self.lm_head = _linear(self.embedding, linear if quantize_lm_head else "fp32", keep_fp16_weights)
@@ -351,8 +383,34 @@ class SmolLM2:
         return float(np.exp(self.negative_log_likelihood(token_ids) / (len(token_ids) - 1)))
 
     # -- use -----------------------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids  # no BOS (the GGUF adds none)
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of ``text`` (no BOS: the GGUF adds none). With ``special=False`` a control token's text in it
+        (``<|im_end|>`` typed by a user, say) is encoded as ordinary characters, never as the control token."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str; got {type(text).__name__}")
+        if special:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        ids, rest = [], text
+        specials = [t.content for t in self.tokenizer.get_added_tokens_decoder().values()]
+        while rest:
+            hits = [(rest.find(s), s) for s in specials if s and s in rest]
+            if not hits:
+                ids += self.tokenizer.encode(rest, add_special_tokens=False).ids
+                break
+            at, token = min(hits)
+            # the text before it, then the control token's characters in two pieces that match no control token
+            for piece in (rest[:at], token[:1], token[1:]):
+                if piece:
+                    ids += self.tokenizer.encode(piece, add_special_tokens=False).ids
+            rest = rest[at + len(token):]
+        return ids
+
+    def encode_chat(self, question: str, system: str = DEFAULT_SYSTEM) -> list[int]:
+        """The ids of ``chat_prompt(question, system)``, with the question and the system text encoded as plain
+        text: typed control tokens cannot end the user's turn and start another."""
+        return (self.encode("<|im_start|>system\n") + self.encode(system, special=False)
+                + self.encode("<|im_end|>\n<|im_start|>user\n") + self.encode(question, special=False)
+                + self.encode("<|im_end|>\n<|im_start|>assistant\n"))
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -376,6 +434,14 @@ class SmolLM2:
         seconds are stored in it."""
         import time
 
+        prompt_ids = self._check_ids(prompt_ids)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+        if self.context_length is not None and len(prompt_ids) + max_new_tokens > self.context_length:
+            raise ValueError(f"the prompt ({len(prompt_ids)} tokens) and max_new_tokens ({max_new_tokens}) exceed the "
+                             f"model's context of {self.context_length} tokens")
+        temperature, top_k, top_p = _check_sampling(temperature, top_k, top_p)
         rng = np.random.default_rng(seed)
         cache = self.new_cache(len(prompt_ids) + max_new_tokens)
         start = time.perf_counter()
@@ -404,6 +470,18 @@ class SmolLM2:
             out.append(token)
             logits = self.forward([token], cache, position + step)[-1]
         return out
+
+    def _check_ids(self, ids) -> list[int]:
+        """A non-empty sequence of token ids within the vocabulary (a negative id wrapped around it before)."""
+        ids = list(ids) if not isinstance(ids, (str, bytes)) else None
+        if not ids:
+            raise ValueError("prompt_ids must be a non-empty sequence of token ids (encode a non-empty text)")
+        if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in ids):
+            raise TypeError("prompt_ids must hold integer token ids")
+        bad = [int(i) for i in ids if not 0 <= i < self.config.vocab]
+        if bad:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab}); got {bad[:5]}")
+        return [int(i) for i in ids]
 
     @staticmethod
     def _pick(logits, temperature, top_k, top_p, rng):

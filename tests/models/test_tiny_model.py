@@ -115,3 +115,23 @@ def test_policies_compress_into_the_static_cache(model, rng, name, options):
         np.testing.assert_array_equal(cache[layer][0], k_c[0])
         np.testing.assert_array_equal(cache[layer][1], v_c[0])
     assert len(model.continue_decoding(np.zeros(50, np.float32), cache, 30, 4)) == 4  # decodes on from there
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"temperature": -0.5}, "temperature must be a finite number >= 0"),  # sampled the least likely tokens before
+    ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),
+    ({"temperature": 0.7, "top_k": 0}, "top_k must be None or an int >= 1"),  # silently ignored before
+    ({"temperature": 0.7, "top_p": 0.0}, r"top_p must be None or a number in \(0, 1\]"),
+    ({"max_new_tokens": -1}, "max_new_tokens must be an int >= 0"),
+])
+def test_bad_sampling_arguments_are_refused(model, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        model.generate([1, 2, 3], **{"max_new_tokens": 2, **kwargs})
+
+
+@pytest.mark.parametrize("ids, pattern", [([], "non-empty"), ([1, -1], r"token ids must be in \[0, "),
+                                          ([10**6], r"token ids must be in \[0, ")])
+def test_bad_token_ids_are_refused(model, ids, pattern):
+    # a negative id wrapped around the vocabulary before
+    with pytest.raises(ValueError, match=pattern):
+        model.generate(ids, 2)
