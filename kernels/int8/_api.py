@@ -20,13 +20,36 @@ GEMM_TASK = (32, 128)  # BM rows of X by BN rows of W per CPU task (measured: 32
 USE_VNNI = _vnni.AVAILABLE
 
 
-def _check_float(name, x, ndim=None):
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4e38 (IEEE 754 binary32)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # 1.18e-38, the smallest normal binary32
+
+
+def _check_float(name, x, ndim=None, *, axis=-1, through_float16=False):
+    """Type, dtype and shape, then, in one pass over the absmax of every vector along ``axis``, the values the int8
+    path can represent: finite, within float32 (it computes in float32), no vector whose largest magnitude is
+    below float32's normal range (127 / absmax would overflow: all-zero codes), and with ``through_float16`` (the
+    outlier dimensions of a call with threshold > 0) below 65520, from where float16 rounds to inf."""
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
     check_float_dtype(name, x)
     _check_ndim(name, x, ndim)
-    if x.size and not np.isfinite(x).all():
+    if not x.size:
+        return
+    amax = np.abs(x).max(axis=axis)  # the absmax of every vector (NaN if one holds a NaN)
+    if not np.isfinite(amax).all():
         raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
+    top = float(amax.max())
+    if top > FLOAT32_MAX:
+        raise ValueError(f"{name} has values up to {top:.3g}, beyond float32's range ({FLOAT32_MAX:.3g}), which the "
+                         f"int8 kernels compute in")
+    if through_float16 and top >= _numba_cpu.FLOAT16_MAX_ROUNDABLE:
+        raise ValueError(f"{name} has values up to {top:.6g}; the outlier dimensions go through float16, which "
+                         f"rounds them to inf from {_numba_cpu.FLOAT16_MAX_ROUNDABLE:g} on: scale {name} down, or "
+                         f"pass threshold=0 (int8 only)")
+    tiny = amax[(amax > 0) & (amax < FLOAT32_TINY)]
+    if tiny.size:
+        raise ValueError(f"{name} has a vector whose largest magnitude, {float(tiny.min()):.3g}, is below float32's "
+                         f"normal range ({FLOAT32_TINY:.3g}): its int8 scale 127 / absmax would overflow")
 
 
 def _check_ndim(name, x, ndim):
@@ -80,8 +103,9 @@ def quantize_vectorwise(x, axis=-1):
     LLM.int8() (Dettmers et al. 2022), §3.1 (absmax quantization) and §3.2 (vector-wise). Computed in float32;
     a row-wise pass reads each row once from memory (absmax and rounding while it is in cache).
     """
-    _check_float("x", x, "vectors")
-    if not isinstance(axis, numbers.Integral) or not -x.ndim <= axis < x.ndim:
+    valid_axis = isinstance(axis, numbers.Integral) and -np.ndim(x) <= axis < np.ndim(x)
+    _check_float("x", x, "vectors", axis=axis if valid_axis else None)  # x first, then the axis
+    if not valid_axis:
         raise ValueError(f"axis must be an int in [{-x.ndim}, {x.ndim - 1}]; got {axis!r}")
     moved = np.moveaxis(x.astype(np.float32, copy=False), axis, -1)
     rows = np.ascontiguousarray(moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]))  # (vectors, length)
@@ -124,7 +148,7 @@ class Int8Weight:
     @classmethod
     def from_float(cls, w, keep_fp16_weights=False):
         """Quantize a float weight w (N, K) = (out_features, in_features)."""
-        _check_float("w", w, "matrix")
+        _check_float("w", w, "matrix", through_float16=keep_fp16_weights)
         w32 = np.ascontiguousarray(w, dtype=np.float32)
         N, K = w32.shape
         w_i8 = np.empty((N, K), dtype=np.int8)
@@ -346,14 +370,16 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
         return _int8_matmul_cupy(x, w, threshold)
     if backend == "numba-cuda":
         return _int8_matmul_numba_cuda(x, w, threshold)
-    _check_float("x", x, "vectors")  # x before w, as the GPU tiers check them
-    y, _ = _int8_matmul_cpu(x, _as_weight(w), _check_threshold(threshold))
+    # x before w, as the GPU tiers check them
+    _check_float("x", x, "vectors", through_float16=isinstance(threshold, numbers.Real) and threshold > 0)
+    y, _ = _int8_matmul_cpu(x, _as_weight(w), _check_threshold(threshold), x_checked=True)
     return y
 
 
-def _int8_matmul_cpu(x, weight: Int8Weight, threshold):
+def _int8_matmul_cpu(x, weight: Int8Weight, threshold, x_checked=False):
     """The CPU tier on NumPy x (..., K): (y (..., N) float32, the outlier dimensions of this call)."""
-    _check_float("x", x, "vectors")
+    if not x_checked:
+        _check_float("x", x, "vectors", through_float16=threshold > 0)
     N, K = weight.shape
     _check_k(x.shape, weight.shape)
     x2d = np.ascontiguousarray(x.reshape(-1, K), dtype=np.float32)

@@ -315,3 +315,30 @@ def test_int8_results_do_not_depend_on_the_cpu_target(tmp_path):
         results[target] = np.load(path)
     for name in results["host"].files:
         assert np.array_equal(results["host"][name], results["x86-64-v3"][name]), f"{name} differs across targets"
+
+
+@pytest.mark.parametrize("x, kwargs, pattern", [
+    # finite values the int8 path could not represent gave inf outputs or all-zero codes before
+    (np.array([[1.0, 2.0, 7e4]], np.float32), {}, "rounds them to inf from 65520"),
+    (np.array([[1.0, 2.0, 1e300]]), {"threshold": 0.0}, "beyond float32's range"),
+    (np.array([[1e-40, 5e-41, 3e-41]], np.float32), {}, "below float32's normal range"),
+    (np.array([[1e-300, 5e-301, 1e-301]]), {"threshold": 0.0}, "below float32's normal range"),
+])
+def test_finite_values_int8_cannot_represent_are_refused(x, kwargs, pattern):
+    w = np.ones((4, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match=pattern):
+        int8_matmul(x, w, **kwargs)
+    with pytest.raises(ValueError, match=pattern):
+        Int8Linear.from_float(w, **kwargs)(x)
+    if "65520" not in pattern:  # quantize_vectorwise has no float16 path
+        with pytest.raises(ValueError, match=pattern):
+            quantize_vectorwise(x)
+
+
+def test_large_values_pass_without_the_float16_path():
+    # threshold 0: no outlier dimension, no float16, so 70000 is an ordinary int8-quantized value
+    x = np.array([[1.0, 2.0, 7e4]], np.float32)
+    w = np.eye(3, dtype=np.float32)
+    assert np.allclose(int8_matmul(x, w, threshold=0.0), x, rtol=0.01, atol=300)
+    with pytest.raises(ValueError, match="rounds them to inf"):
+        Int8Weight.from_float(np.array([[7e4, 1.0]], np.float32), keep_fp16_weights=True)
