@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._common.blas import batched_matmul
+from ._common.dtypes import check_float_dtype
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
 BLOCK_N = 64  # output features per task
@@ -36,15 +37,28 @@ def matmul_nt(x, w):
 
     Parameters
     ----------
-    x : ndarray (M, K), float32
-    w : ndarray (N, K), float32, C-contiguous
+    x : ndarray (M, K), float16/32/64 (computed in float32)
+    w : ndarray (N, K), float16/32/64; float32 C-contiguous is used in place, anything else is converted (a copy
+        per call: keep model weights in float32)
 
     Returns
     -------
     ndarray (M, N), float32
+
+    Raises
+    ------
+    TypeError, ValueError
+        Non-arrays, non-float dtypes, arrays that are not 2-D, a K that differs, an empty K.
     """
-    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"x (M, K) and w (N, K) must share K; got x {x.shape}, w {w.shape}")
+    for name, a in (("x", x), ("w", w)):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name} must be a numpy.ndarray; got {type(a).__name__}")
+        check_float_dtype(name, a)
+        if a.ndim != 2:
+            raise ValueError(f"{name} must be 2-D; got shape {a.shape}")
+    if x.shape[1] != w.shape[1] or x.shape[1] == 0:
+        raise ValueError(f"x (M, K) and w (N, K) must share a K >= 1; got x {x.shape}, w {w.shape}")
+    w = np.ascontiguousarray(w, dtype=np.float32)
     if x.shape[0] > GEMV_ROWS:
         x32 = np.ascontiguousarray(x, dtype=np.float32)
         return batched_matmul(x32[None], np.ascontiguousarray(w)[None], transpose_b=True)[0]

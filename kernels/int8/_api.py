@@ -103,7 +103,8 @@ def quantize_vectorwise(x, axis=-1):
     LLM.int8() (Dettmers et al. 2022), §3.1 (absmax quantization) and §3.2 (vector-wise). Computed in float32;
     a row-wise pass reads each row once from memory (absmax and rounding while it is in cache).
     """
-    valid_axis = isinstance(axis, numbers.Integral) and -np.ndim(x) <= axis < np.ndim(x)
+    valid_axis = (isinstance(axis, numbers.Integral) and not isinstance(axis, bool)
+                  and -np.ndim(x) <= axis < np.ndim(x))
     _check_float("x", x, "vectors", axis=axis if valid_axis else None)  # x first, then the axis
     if not valid_axis:
         raise ValueError(f"axis must be an int in [{-x.ndim}, {x.ndim - 1}]; got {axis!r}")
@@ -149,6 +150,8 @@ class Int8Weight:
     def from_float(cls, w, keep_fp16_weights=False):
         """Quantize a float weight w (N, K) = (out_features, in_features)."""
         _check_float("w", w, "matrix", through_float16=keep_fp16_weights)
+        if 0 in w.shape:
+            raise ValueError(f"w must have out_features and in_features >= 1; got shape {w.shape}")
         w32 = np.ascontiguousarray(w, dtype=np.float32)
         N, K = w32.shape
         w_i8 = np.empty((N, K), dtype=np.int8)

@@ -61,11 +61,14 @@ def _check_int(name, value, minimum):
     return int(value)
 
 
-def _check_inputs(q, k, v=None, *, device_ok=False, same_length=True, scored=False):
+_NO_V = object()  # (h2o_scores and snapkv_scores take no v; everywhere else v=None is an error)
+
+
+def _check_inputs(q, k, v=_NO_V, *, device_ok=False, same_length=True, scored=False):
     """The arrays' types, dtypes and shapes, before any kernel indexes them: 4-D, B, H and d >= 1, k and v alike,
     q and k sharing B and d, Hq a multiple of Hkv, (``same_length``) q and k the prompt's N queries and keys, and
     (``scored``: the policy ranks positions by attention) no NaN or ±inf in q and k, which no ranking survives."""
-    arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not None else ())
+    arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not _NO_V else ())
     for name, x in arrays:
         if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
             expected = "a numpy.ndarray or a device array" if device_ok else "a numpy.ndarray"
@@ -77,7 +80,7 @@ def _check_inputs(q, k, v=None, *, device_ok=False, same_length=True, scored=Fal
         for axis, dim in (("B", 0), ("H", 1), ("d", 3)):
             if x.shape[dim] < 1:
                 raise ValueError(f"{name} must have {axis} >= 1 (shape (B, H, N, d)); got shape {x.shape}")
-    if v is not None and k.shape != v.shape:
+    if v is not _NO_V and k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got k {k.shape}, v {v.shape}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {q.shape} and k {k.shape} must share the batch size and head dim")
@@ -339,6 +342,7 @@ def h2o_scores(q, k, *, block=128, backend="auto"):
     choose_backend("h2o_scores", backend, {"q": q, "k": k}, tiers=("cpu",))
     block = _check_int("block", block, 1)
     B, Hq, N, d = q.shape
+    block = min(block, max(N, 1))  # a block of more rows than the prompt has is the whole prompt
     dt = _compute_dtype(q)
     totals = np.empty((B, Hq, N), dtype=dt)
     with single_threaded_blas():

@@ -21,5 +21,5 @@ def test_equals_the_float64_product(rng, m, k, n):
 
 
 def test_mismatched_k_is_refused(rng):
-    with pytest.raises(ValueError, match=r"x \(M, K\) and w \(N, K\) must share K"):
+    with pytest.raises(ValueError, match=r"x \(M, K\) and w \(N, K\) must share a K"):
         matmul_nt(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
