@@ -42,7 +42,7 @@ def rope_reference(x, cos, sin):
 
 
 @njit(cache=True)
-def add_rms_norm(x, delta, weight, eps, h):
+def _add_rms_norm(x, delta, weight, eps, h):
     """x += delta (the residual add, in place; an empty delta skips it), then h = x / sqrt(mean(x²) + eps) · weight;
     x, delta, weight, h (hidden,) float32, the mean of squares summed in float64."""
     n = x.size
@@ -67,7 +67,7 @@ def _rotate(src, s0, dst, d0, cos, sin):
 
 
 @njit(cache=True)
-def rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
+def _rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
     """One decode step of attention for the new token at cache slot n.
 
     qkv (Hq·d + 2·Hkv·d,) float32: the token's projected query, key and value heads, as one linear gives them;
@@ -112,9 +112,58 @@ def rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
 
 
 @njit(cache=True)
-def swiglu(gate_up, out):
+def _swiglu(gate_up, out):
     """out = silu(gate) · up for gate_up (2·I,) = [gate, up] (the fused gate/up linear's output), out (I,)."""
     n = out.size
     for i in range(n):
         g = gate_up[i]
         out[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n + i]
+
+
+# -- the public functions: shapes checked before a kernel indexes memory (the kernels index by the sizes given) -----
+def _vectors(**arrays):
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise TypeError(f"{name} must be a C-contiguous float32 numpy.ndarray; got "
+                            f"{getattr(a, 'dtype', type(a).__name__)}")
+
+
+def add_rms_norm(x, delta, weight, eps, h):
+    """x += delta (in place; an empty delta skips the add), then h = RMSNorm(x) · weight (Zhang & Sennrich 2019,
+    eq. 4); x, weight, h (hidden,) and delta (hidden,) or (0,), all float32."""
+    _vectors(x=x, delta=delta, weight=weight, h=h)
+    if not (x.ndim == delta.ndim == weight.ndim == h.ndim == 1) or weight.size != x.size or h.size != x.size \
+            or delta.size not in (0, x.size) or x.size == 0:
+        raise ValueError(f"x, weight, h must be (hidden,) with hidden >= 1 and delta (hidden,) or (0,); got x "
+                         f"{x.shape}, delta {delta.shape}, weight {weight.shape}, h {h.shape}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a finite number > 0; got {eps!r}")
+    _add_rms_norm(x, delta, weight, eps, h)
+
+
+def rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
+    """One decode step of attention for the new token at cache slot ``n``: qkv (Hq·d + 2·Hkv·d,) the token's
+    projected heads, cos, sin (d/2,) its rotary angles, k_cache, v_cache (Hkv, capacity, d) with n < capacity; the
+    key and value are written into slot n and o (Hq·d,) gets the attention over slots 0..n. All float32."""
+    _vectors(qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, o=o)
+    if k_cache.ndim != 3 or v_cache.shape != k_cache.shape or 0 in k_cache.shape:
+        raise ValueError(f"k_cache and v_cache must be (Hkv, capacity, d) alike; got {k_cache.shape}, "
+                         f"{v_cache.shape}")
+    Hkv, capacity, d = k_cache.shape
+    heads, rest = divmod(qkv.size - 2 * Hkv * d, d) if d else (0, 1)
+    if qkv.ndim != 1 or rest or heads < 1 or heads % Hkv or o.shape != (heads * d,) or d % 2 \
+            or cos.shape != (d // 2,) or sin.shape != (d // 2,):
+        raise ValueError(f"qkv must be (Hq·d + 2·Hkv·d,) with Hq a multiple of Hkv, o (Hq·d,), cos and sin (d/2,) "
+                         f"for an even d; got qkv {qkv.shape}, o {o.shape}, cos {cos.shape}, sin {sin.shape}, "
+                         f"caches {k_cache.shape}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n < capacity:
+        raise ValueError(f"n must be a slot of the cache, an int in [0, {capacity}); got {n!r}")
+    _rope_attend(qkv, cos, sin, k_cache, v_cache, int(n), scale, o)
+
+
+def swiglu(gate_up, out):
+    """out = silu(gate) · up (Shazeer 2020, eq. 6) for gate_up (2·I,) = [gate, up] and out (I,), float32."""
+    _vectors(gate_up=gate_up, out=out)
+    if gate_up.ndim != 1 or out.ndim != 1 or gate_up.size != 2 * out.size:
+        raise ValueError(f"gate_up must be (2·I,) and out (I,); got {gate_up.shape}, {out.shape}")
+    _swiglu(gate_up, out)

@@ -39,8 +39,9 @@ class KVCache:
         need = self.lengths[layer] + n_more
         if need > self.capacity(layer):
             n = self.lengths[layer]
+            capacity = max(need, 2 * self.capacity(layer))  # once: K's growth must not double V's again
             for arrays in (self.k, self.v):
-                grown = np.empty((arrays[layer].shape[0], max(need, 2 * self.capacity(layer)), arrays[layer].shape[2]),
+                grown = np.empty((arrays[layer].shape[0], capacity, arrays[layer].shape[2]),
                                  dtype=np.float32)  # (Hkv, new capacity, d)
                 grown[:, :n] = arrays[layer][:, :n]
                 arrays[layer] = grown

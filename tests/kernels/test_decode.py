@@ -54,3 +54,25 @@ def test_swiglu_equals_the_oracle(rng, n):
     decode.swiglu(gate_up, out)
     g, u = gate_up[:n].astype(np.float64), gate_up[n:].astype(np.float64)
     assert_close(out, g / (1 + np.exp(-g)) * u, np.float32)
+
+
+def test_the_fused_steps_refuse_what_would_index_out_of_bounds():
+    # the Numba kernels index by the sizes they are given: a slot past the cache wrote out of bounds
+    from kernels import decode
+
+    hkv, cap, d, hq = 2, 8, 4, 4
+    qkv = np.ones(hq * d + 2 * hkv * d, np.float32)
+    cos = sin = np.ones(d // 2, np.float32)
+    k_cache, v_cache = (np.zeros((hkv, cap, d), np.float32) for _ in range(2))
+    o = np.empty(hq * d, np.float32)
+    with pytest.raises(ValueError, match=r"n must be a slot of the cache, an int in \[0, 8\)"):
+        decode.rope_attend(qkv, cos, sin, k_cache, v_cache, cap, 0.5, o)
+    with pytest.raises(ValueError, match="qkv must be"):
+        decode.rope_attend(qkv[:-1], cos, sin, k_cache, v_cache, 0, 0.5, o)
+    with pytest.raises(TypeError, match="C-contiguous float32"):
+        decode.rope_attend(qkv.astype(np.float64), cos, sin, k_cache, v_cache, 0, 0.5, o)
+    with pytest.raises(ValueError, match="gate_up must be"):
+        decode.swiglu(np.ones(7, np.float32), np.empty(4, np.float32))
+    with pytest.raises(ValueError, match="x, weight, h must be"):
+        decode.add_rms_norm(np.ones(4, np.float32), np.ones(3, np.float32), np.ones(4, np.float32), 1e-5,
+                            np.empty(4, np.float32))

@@ -135,3 +135,14 @@ def test_bad_token_ids_are_refused(model, ids, pattern):
     # a negative id wrapped around the vocabulary before
     with pytest.raises(ValueError, match=pattern):
         model.generate(ids, 2)
+
+
+def test_a_growing_cache_keeps_k_and_v_alike():
+    # the doubling read K's new capacity before growing V: V became twice K (found by rope_attend's shape check)
+    from models.kv_cache import KVCache
+
+    cache = KVCache(2, 3, 4, capacity=4)
+    block = np.ones((3, 5, 4), dtype=np.float32)
+    cache.append(0, block, 2 * block)
+    assert cache.k[0].shape == cache.v[0].shape == (3, 8, 4)
+    assert np.array_equal(cache[0][1], 2 * block)
