@@ -253,7 +253,8 @@ def _as_weight(w, keep_fp16_weights=False):
 def _check_gpu_call(x, w, threshold):
     """The checks both GPU tiers make: (weight or None, K, N, x's shape, threshold). ``weight`` is the
     ``Int8Weight`` when w is pre-quantized, None when w is a float matrix to quantize on the device."""
-    _check_any_float("x", x, "vectors")
+    through_float16 = isinstance(threshold, numbers.Real) and threshold > 0
+    _check_any_float("x", x, "vectors", through_float16=through_float16)
     weight = None
     if isinstance(w, (Int8Weight, Int8Linear)):
         weight = _as_weight(w)
@@ -310,18 +311,25 @@ def _int8_matmul_cupy(x, w, threshold):
     return cupy.asnumpy(y) if on_host else y
 
 
-def _check_any_float(name, x, ndim):
+def _check_any_float(name, x, ndim, through_float16=False):
     """``_check_float`` for NumPy arrays (and anything else), its device twin for device arrays."""
     if _gpu.is_device_array(x):
-        _check_device_float(name, x, ndim)
+        _check_device_float(name, x, ndim, through_float16)
     else:
-        _check_float(name, x, ndim)
+        _check_float(name, x, ndim, through_float16=through_float16)
 
 
-def _check_device_float(name, x, ndim):
+def _check_device_float(name, x, ndim, through_float16):
+    """The checks of ``_check_float`` for a device array: dtype and shape on the host, finiteness on the device,
+    and the value ranges on the vectors' absmax, (..., ) copied to the host (one value per vector)."""
     check_float_dtype(name, x)
     _check_ndim(name, x, ndim)
     check_finite(name, x, "which int8 cannot represent")
+    if 0 not in tuple(x.shape):
+        cupy = _gpu.cupy_module()
+        absmax = (cupy.asnumpy(cupy.abs(cupy.asarray(x)).max(axis=-1)) if cupy is not None
+                  else np.abs(_gpu.to_host_array(x)).max(axis=-1))  # (vectors,): no CuPy, the array crosses
+        _check_float(name, absmax[..., None], through_float16=through_float16)
 
 
 def int8_matmul(x, w, *, threshold=6.0, backend="auto"):

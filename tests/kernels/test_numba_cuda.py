@@ -248,3 +248,17 @@ def test_nan_inf_and_extreme_scales_follow_the_oracle(rng, monkeypatch, case, al
                                return_lse=True, **blocks)
     assert_close(o, ref, "float32")
     assert_close(lse, ref_lse, "float32", scale=np.abs(ref_lse[np.isfinite(ref_lse)]).max(initial=1.0))
+
+
+@pytest.mark.parametrize("value, pattern", [(7e4, "rounds them to inf"), (1e-40, "below float32's normal range")])
+def test_int8_refuses_what_it_cannot_represent_as_the_cpu_does(rng, value, pattern):
+    from numba import cuda
+
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    x[1] = value if value < 1 else x[1]
+    x[1, 2] = value
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match=pattern):
+        int8.int8_matmul(x, w, backend="cpu")
+    with pytest.raises(ValueError, match=pattern):
+        int8.int8_matmul(cuda.to_device(x), cuda.to_device(w), backend="numba-cuda")
