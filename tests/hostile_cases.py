@@ -114,6 +114,23 @@ def cases():
         bad[0, 1, 5, 2] = value
         for fname, fn in (("snapkv_compress", kvprune.snapkv_compress), ("h2o", kvprune.h2o)):
             out.append((f"{fname}:k={label}", fn, (q, bad, v), {"capacity": 16}, "k", None))
+    array_cases("snapkv_scores", kvprune.snapkv_scores, (q[:, :, -8:], k), {}, ("q_window", "k"))
+    keyword_cases("snapkv_scores", kvprune.snapkv_scores, (q[:, :, -8:], k), {}, "kernel_size", BAD_INTS)
+    x_i8 = rng.integers(-127, 128, (3, 32), dtype=np.int8)
+    w_i8 = rng.integers(-127, 128, (8, 32), dtype=np.int8)
+    for label, bad in (("None", None), ("float32", x.copy()), ("1-d", x_i8.reshape(-1)), ("K-mismatch",
+                                                                                          x_i8[:, :31])):
+        out.append((f"int8_gemm:x_i8={label}", int8.int8_gemm, (bad, w_i8), {}, "x_i8", None))
+    from simulator import tiles
+
+    q64, k64 = q.astype(np.float64)[:, :, :16], k.astype(np.float64)[:, :, :16]
+    for name in ("Br", "Bc", "sram_bytes"):
+        for label, value in BAD_INTS.items():
+            if label == "2**70" and name != "sram_bytes":
+                continue  # (a tile beyond N is clamped to N)
+            kwargs = {"Br": 8, "Bc": 8, "sram_bytes": 2**20, name: value}
+            out.append((f"tiles.flash2_forward:{name}={label}", tiles.flash2_forward, (q64, k64, k64), kwargs, name,
+                        None))
     sizes = {"B": 1, "Hq": 8, "Hkv": 2, "Nq": 64, "Nk": 64, "d": 16}
     for fname, fn in (("costs.flash2_forward", costs.flash2_forward), ("costs.standard_forward",
                                                                         costs.standard_forward)):

@@ -169,6 +169,13 @@ class Int8Weight:
 
 def int8_gemm(x_i8, w_i8):
     """Exact int32 product x_i8 · w_i8ᵀ of int8 x (M, K) and an int8 weight (N, K): (M, N) int32."""
+    for name, a in (("x_i8", x_i8), ("w_i8", w_i8)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.int8:
+            raise TypeError(f"{name} must be an int8 numpy.ndarray; got {getattr(a, 'dtype', type(a).__name__)}")
+        if a.ndim != 2:
+            raise ValueError(f"{name} must be 2-D; got shape {a.shape}")
+    if x_i8.shape[1] != w_i8.shape[1]:
+        raise ValueError(f"x_i8 (M, K) and w_i8 (N, K) must share K; got x_i8 {x_i8.shape}, w_i8 {w_i8.shape}")
     M, K = x_i8.shape
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")

@@ -64,11 +64,11 @@ def _check_int(name, value, minimum):
 _NO_V = object()  # (h2o_scores and snapkv_scores take no v; everywhere else v=None is an error)
 
 
-def _check_inputs(q, k, v=_NO_V, *, device_ok=False, same_length=True, scored=False):
+def _check_inputs(q, k, v=_NO_V, *, device_ok=False, same_length=True, scored=False, q_name="q"):
     """The arrays' types, dtypes and shapes, before any kernel indexes them: 4-D, B, H and d >= 1, k and v alike,
     q and k sharing B and d, Hq a multiple of Hkv, (``same_length``) q and k the prompt's N queries and keys, and
     (``scored``: the policy ranks positions by attention) no NaN or ±inf in q and k, which no ranking survives."""
-    arrays = (("q", q), ("k", k)) + ((("v", v),) if v is not _NO_V else ())
+    arrays = ((q_name, q), ("k", k)) + ((("v", v),) if v is not _NO_V else ())
     for name, x in arrays:
         if not isinstance(x, np.ndarray) and not (device_ok and _gpu.is_device_array(x)):
             expected = "a numpy.ndarray or a device array" if device_ok else "a numpy.ndarray"
@@ -140,7 +140,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     scores : ndarray, float32 (float64 for float64 input), the pooled sum over the window queries of their
         softmax probabilities (scaled by 1/sqrt(d), causal inside the window) for positions [0, N − w).
     """
-    _check_inputs(q_window, k, device_ok=True, same_length=False, scored=True)
+    _check_inputs(q_window, k, device_ok=True, same_length=False, scored=True, q_name="q_window")
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
     backend = choose_backend("snapkv_scores", backend, {"q_window": q_window, "k": k})
     B, Hq, w, d = q_window.shape
