@@ -116,6 +116,14 @@ def cases():
             out.append((f"{fname}:k={label}", fn, (q, bad, v), {"capacity": 16}, "k", None))
     array_cases("snapkv_scores", kvprune.snapkv_scores, (q[:, :, -8:], k), {}, ("q_window", "k"))
     keyword_cases("snapkv_scores", kvprune.snapkv_scores, (q[:, :, -8:], k), {}, "kernel_size", BAD_INTS)
+    scores = rng.standard_normal((2, 3, 40))
+    array_cases("top_positions", kvprune.top_positions, (scores, 8), {}, ("scores",),
+                skip=("1-d", "5-d", "empty"))  # (positions along the last axis of any rank; an empty row keeps none)
+    for label, value in {l: b for l, b in BAD_INTS.items() if l not in ("0", "2**70")}.items():
+        out.append((f"top_positions:n_keep={label}", kvprune.top_positions, (scores, value), {}, "n_keep", None))
+    nan_scores = scores.copy()
+    nan_scores[1, 2, 5] = np.nan
+    out.append(("top_positions:scores=nan", kvprune.top_positions, (nan_scores, 8), {}, "scores", None))
     x_i8 = rng.integers(-127, 128, (3, 32), dtype=np.int8)
     w_i8 = rng.integers(-127, 128, (8, 32), dtype=np.int8)
     for label, bad in (("None", None), ("float32", x.copy()), ("1-d", x_i8.reshape(-1)), ("K-mismatch",

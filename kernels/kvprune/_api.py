@@ -179,6 +179,11 @@ def top_positions(scores, n_keep):
     O(N) per row: a partition finds the n_keep-th largest value; everything above it is kept, and of the values
     equal to it the lowest positions fill what is left.
     """
+    if not isinstance(scores, np.ndarray) or scores.ndim < 1:
+        raise TypeError(f"scores must be a numpy.ndarray with at least one axis; got {type(scores).__name__}")
+    check_float_dtype("scores", scores)
+    check_finite("scores", scores, "which ranks no position")
+    n_keep = _check_int("n_keep", n_keep, 0)
     P = scores.shape[-1]
     if n_keep <= 0:
         return np.zeros(scores.shape[:-1] + (0,), dtype=np.int64)
