@@ -56,5 +56,7 @@ def standard_forward(q, k, v, scale, causal):
         for i in range(Nq):
             n_vis = int(visible[i].sum())
             o[:, :, i, :] = np.einsum("bhj,bhjd->bhd", p[:, :, i, :n_vis], v_h[:, :, :n_vis, :])
-    np.copyto(o, 0.0, where=(l == 0.0))  # rows with no weight anywhere: zeros, even beside a NaN in v (0 · NaN)
+    dead = l == 0.0  # (B, Hq, Nq, 1) rows with no weight anywhere: zeros, even beside a NaN in v (0 · NaN)
+    if dead.any():  # (a pass over o only when some row is dead)
+        np.copyto(o, 0.0, where=dead)
     return o, lse

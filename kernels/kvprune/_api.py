@@ -183,7 +183,11 @@ def top_positions(scores, n_keep):
         raise TypeError(f"scores must be a numpy.ndarray with at least one axis; got {type(scores).__name__}")
     check_float_dtype("scores", scores)
     check_finite("scores", scores, "which ranks no position")
-    n_keep = _check_int("n_keep", n_keep, 0)
+    return _top_positions(scores, _check_int("n_keep", n_keep, 0))
+
+
+def _top_positions(scores, n_keep):
+    """``top_positions`` on scores computed from checked inputs."""
     P = scores.shape[-1]
     if n_keep <= 0:
         return np.zeros(scores.shape[:-1] + (0,), dtype=np.int64)
@@ -261,7 +265,7 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
     if N <= capacity:
         return _unchanged(q, k, v, heads)
     scores = snapkv_scores(q[:, :, N - window:], k, kernel_size=kernel_size, pooling=pooling, gqa=gqa)
-    prefix = top_positions(scores, capacity - window)
+    prefix = _top_positions(scores, capacity - window)  # (scores of checked q and k)
     tail = np.broadcast_to(np.arange(N - window, N), prefix.shape[:-1] + (window,))
     kept = np.concatenate([prefix, tail], axis=-1)
     k_c, v_c = _gather(k, v, kept, heads)
@@ -339,13 +343,20 @@ def _kept_rows(k, v, kept, backend):
     return k_c, v_c, kept
 
 
-def h2o_scores(q, k, *, block=128, backend="auto"):
+H2O_BLOCK = 128  # query rows per block of the H2O scores: O(block · N) memory per thread
+
+
+def h2o_scores(q, k, *, block=H2O_BLOCK, backend="auto"):
     """Attention each key received, summed over all prompt queries (causal), averaged over a kv head's query
     heads: (B, Hkv, N). Query blocks of ``block`` rows keep the memory at O(block · N) per thread. The CPU tier
     only: device arrays are refused with a message, not copied."""
     _check_inputs(q, k, device_ok=True, scored=True)
     choose_backend("h2o_scores", backend, {"q": q, "k": k}, tiers=("cpu",))
-    block = _check_int("block", block, 1)
+    return _accumulated_scores(q, k, _check_int("block", block, 1))
+
+
+def _accumulated_scores(q, k, block):
+    """``h2o_scores`` on checked inputs."""
     B, Hq, N, d = q.shape
     block = min(block, max(N, 1))  # a block of more rows than the prompt has is the whole prompt
     dt = _compute_dtype(q)
@@ -369,11 +380,11 @@ def h2o(q, k, v, *, capacity, scores=None, backend="auto"):
                          f"got {getattr(scores, 'shape', type(scores).__name__)}")
     if N <= capacity:
         return _unchanged(q, k, v, Hkv)
-    if scores is None:
-        scores = h2o_scores(q, k)
     n_recent = capacity // 2
-    scores = scores[..., : N - n_recent]
-    heavy = top_positions(scores, capacity - n_recent)
+    if scores is None:  # q and k are checked above: score them without a second pass over them
+        heavy = _top_positions(_accumulated_scores(q, k, H2O_BLOCK)[..., : N - n_recent], capacity - n_recent)
+    else:
+        heavy = top_positions(scores[..., : N - n_recent], capacity - n_recent)  # (scores checked there)
     kept = np.concatenate([heavy, np.broadcast_to(np.arange(N - n_recent, N), heavy.shape[:-1] + (n_recent,))],
                           axis=-1)
     k_c, v_c = _gather(k, v, kept, Hkv)
