@@ -65,3 +65,15 @@ def matmul_nt(x, w):
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
     _gemv_nt(np.ascontiguousarray(x, dtype=np.float32), w, out)
     return out
+
+
+@njit(fastmath=True, cache=True)
+def gemv_rows(x, w, y, n0, n1):
+    """y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1): float32 x (K,), w (N, K), y (N,) — a range of a GEMV's outputs
+    for a fused step that schedules the ranges itself (``kernels.decode``); fastmath lets the sum vectorize."""
+    K = x.size
+    for n in range(n0, n1):
+        acc = np.float32(0.0)
+        for k in range(K):
+            acc += x[k] * w[n, k]
+        y[n] = acc

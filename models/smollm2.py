@@ -249,6 +249,8 @@ class SmolLM2:
         self.inv_freq = (self.config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float64)
         self.im_end = self.tokenizer.token_to_id("<|im_end|>") if self.tokenizer is not None else -1
         self.lean_decode = True  # one-token forwards through the fused kernels of kernels.decode
+        self.one_region_decode = True  # ... and all of a token in one parallel region where the layers allow it
+        self._step = None  # the kernels.decode.LlamaDecodeStep, built at the first decode step
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every block's linear layers (4 per weight in fp32, 1 in the
@@ -322,6 +324,15 @@ class SmolLM2:
         cfg = self.config
         x = self.embedding[token].copy()  # (hidden,) the residual stream, updated in place
         cos, sin = (c[0] for c in self._rotation(np.array([position], dtype=np.float64)))  # (d/2,) each
+        step = self._one_region_step() if self.one_region_decode else None
+        if step is not None:
+            slots = list(cache.lengths)
+            for i in range(cfg.n_layers):
+                cache.reserve(i, 1)
+            out = step(x, cos, sin, cache.keys, cache.values, slots, logits=logits)
+            for i in range(cfg.n_layers):
+                cache.lengths[i] = slots[i] + 1
+            return out[None]  # (1, vocab) or (1, hidden)
         h = np.empty(cfg.hidden, dtype=np.float32)  # (hidden,) normed input of the next linear
         o = np.empty(cfg.n_heads * cfg.head_dim, dtype=np.float32)  # (Hq·d,) attention output
         act = np.empty(cfg.intermediate, dtype=np.float32)  # (intermediate,) SwiGLU product
@@ -339,6 +350,51 @@ class SmolLM2:
             delta = layer.w_down(act[None])[0]  # (hidden,)
         decode.add_rms_norm(x, delta, self.final_norm, self.eps, h)
         return self.lm_head(h[None]) if logits else h[None]  # (1, vocab)
+
+    def _one_region_step(self):
+        """The ``LlamaDecodeStep`` of these weights, or None where a layer is neither float32 nor an int8-only
+        ``Int8Linear`` (naive int8, a kept float16 copy: those run per layer)."""
+        if self._step is None:
+            from kernels.int8 import Int8Linear
+
+            def weight(linear):
+                if isinstance(linear, _Dense):
+                    return linear.w
+                if isinstance(linear, Int8Linear) and linear.weight.w_fp16 is None and linear.bias is None:
+                    return linear
+                return None
+
+            blocks = [tuple(weight(lin) for lin in (b.wqkv, b.wo, b.w_gate_up, b.w_down)) for b in self.layers]
+            head = weight(self.lm_head)
+            if head is None or any(w is None for block in blocks for w in block):
+                self._step = False
+            else:
+                cfg = self.config
+                self._step = decode.LlamaDecodeStep(
+                    blocks, np.stack([b.attn_norm for b in self.layers]).astype(np.float32),
+                    np.stack([b.ffn_norm for b in self.layers]).astype(np.float32),
+                    np.asarray(self.final_norm, dtype=np.float32), head, n_heads=cfg.n_heads,
+                    n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, eps=self.eps)
+                self._share_step_weights()
+        return self._step or None
+
+    def _share_step_weights(self):
+        """Point the blocks at the step's stacked copies of their weights (one copy in memory, used by both paths;
+        the LM head is used in place)."""
+        from kernels.int8 import Int8Weight
+
+        stacks = self._step.stacks
+
+        def rebind(linear, stacked, i=None):
+            if isinstance(linear, _Dense):
+                linear.w = stacked if i is None else stacked[i]
+            else:
+                w_i8, absmax, row_sums = stacked if i is None else (a[i] for a in stacked)
+                linear.weight = Int8Weight(w_i8=w_i8, absmax=absmax, w_row_sums=row_sums)
+
+        for i, block in enumerate(self.layers):
+            for name in decode.LlamaDecodeStep.NAMES:
+                rebind(getattr(block, name), stacks[name], i)
 
     def negative_log_likelihood(self, token_ids, chunk=256):
         """Σ −log p(token_t | tokens < t) over t = 1 .. N − 1, one prefill, the LM head applied in chunks."""

@@ -75,27 +75,32 @@ def _rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
     key heads, writes the key and value into slot n, and o (Hq·d,) = softmax(scale · q·Kᵀ) V over slots 0..n of
     the query head's kv head (the new token attends to itself and everything before it).
     """
+    for g in range(k_cache.shape[0]):
+        _rope_attend_group(qkv, cos, sin, k_cache, v_cache, n, scale, o, g)
+
+
+@njit(cache=True)
+def _rope_attend_group(qkv, cos, sin, k_cache, v_cache, n, scale, o, g):
+    """``_rope_attend`` for kv head g and the query heads that read it (GQA): independent of the other groups, so
+    a fused step runs the groups as parallel tasks."""
     Hkv, _, d = k_cache.shape
     Hq = (qkv.size - 2 * Hkv * d) // d
     group = Hq // Hkv
-    q = np.empty(Hq * d, dtype=np.float32)  # (Hq·d,) rotated queries
-    for h in range(Hq):
-        _rotate(qkv, h * d, q, h * d, cos, sin)
     k_new = np.empty(d, dtype=np.float32)  # (d,)
-    for g in range(Hkv):
-        _rotate(qkv, (Hq + g) * d, k_new, 0, cos, sin)
-        for j in range(d):
-            k_cache[g, n, j] = k_new[j]
-            v_cache[g, n, j] = qkv[(Hq + Hkv + g) * d + j]
-    s = np.empty(n + 1, dtype=np.float32)  # (n + 1,) the scores of one head
-    for h in range(Hq):
-        g = h // group
+    _rotate(qkv, (Hq + g) * d, k_new, 0, cos, sin)
+    for j in range(d):
+        k_cache[g, n, j] = k_new[j]
+        v_cache[g, n, j] = qkv[(Hq + Hkv + g) * d + j]
+    q = np.empty(d, dtype=np.float32)  # (d,) one rotated query head
+    s = np.empty(n + 1, dtype=np.float32)  # (n + 1,) its scores
+    for h in range(g * group, (g + 1) * group):
+        _rotate(qkv, h * d, q, 0, cos, sin)
         # scores s_j = scale · q·k_j and their maximum (the softmax is shifted by it, exactly as the oracle's)
         m = -np.inf
         for t in range(n + 1):
             acc = np.float32(0.0)
             for j in range(d):
-                acc += q[h * d + j] * k_cache[g, t, j]
+                acc += q[j] * k_cache[g, t, j]
             s[t] = acc * scale
             m = max(m, s[t])
         # p_j = exp(s_j − m), l = Σ p_j, o = Σ p_j v_j / l

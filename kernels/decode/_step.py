@@ -1,0 +1,368 @@
+"""A whole decode step of a Llama model — every block's norms, linear layers, rotary attention and SwiGLU, and
+the LM head — in one parallel region.
+
+Why: with the pool's threads asleep between regions (``kernels/_common/threads.py``), each region pays a wake-up
+of tens of microseconds on a VM; a SmolLM2 token through per-layer kernels launched 121 regions, about a third of
+its time. Here the step is a fixed list of dependent steps (``plan``), each split into tasks — blocks of
+``ROWS_PER_TASK`` outputs of a linear layer, one kv head of the attention, or one serial task (an RMSNorm, the
+quantization of a linear's input) — and every thread of the region claims tasks from an atomic counter per step,
+then waits for the step's last task before it moves on (``kernels/_common/atomics.py``). Claiming makes a late
+or preempted thread harmless: the threads that are running take its tasks; the waits spin only on this call's own
+threads, which sleep again when it returns.
+
+The pieces are the per-layer path's own code: ``_add_rms_norm``, ``_rope_attend_group`` and SwiGLU's arithmetic
+from ``_fused``, ``kernels.dense.gemv_rows`` and ``kernels.int8.rows`` (LLM.int8()'s split GEMV, bit-identical to
+``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
+
+Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
+  v1 (this file): SmolLM2-135M decode, 64 tokens after "Once upon a time": see ``benchmarks/test_bench_smollm2.py``
+      and the closing note of the commit that adds it.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .._common.atomics import COUNTER_STRIDE, atomic_add, wait_until
+from ..dense import gemv_rows
+from ..int8 import MAX_EXACT_K, Int8Linear
+from ..int8.rows import int8_rows, padded_k, path_marker, prepare
+from ._fused import _add_rms_norm, _rope_attend_group
+
+ROWS_PER_TASK = 64  # outputs of a linear per task: 64 rows of 576-1536 features, 37-98 KB of int8, 147-393 KB of
+# float32, microseconds of work against a claim's ~0.1 us; a few dozen tasks per step for two to a few dozen threads
+
+# the kinds of step, in the order a block runs them
+NORM_ATTN, QKV, ATTEND, PREP_O, O_PROJ, NORM_FFN, GATE_UP, PREP_ACT, DOWN, NORM_FINAL, HEAD = range(11)
+QKV_LIN, O_LIN, GATE_UP_LIN, DOWN_LIN, HEAD_LIN = range(5)  # a block's linear layers; the LM head is linear 4·L
+
+
+# -- the tasks ----------------------------------------------------------------------------------------------------
+# A task takes plain arrays: every array taken out of a tuple or a typed list is a new reference, an atomic update
+# of a count that all threads share, and at a few dozen per task those updates cost more than the task (the linear
+# steps ran 2.4x slower on two threads than on one). So a worker takes each array out once per step.
+@njit(cache=True)
+def _linear_rows(is_int8, path, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1):
+    """y[n0:n1] = outputs n0..n1-1 of one linear for the input v (already prepared into x_u8 .. absmax_x, with J
+    outliers, when int8)."""
+    if not is_int8:
+        gemv_rows(v, w32, y, n0, n1)
+    else:
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1)
+
+
+@njit(cache=True)
+def _prepare(is_int8, threshold, v, quant):
+    """Quantize v, the input of an int8 linear, into ``quant`` (nothing for a float32 one)."""
+    if is_int8:
+        flags, cols, x_o, x_u8, absmax_x, n_outliers = quant
+        n_outliers[0] = prepare(v.reshape((1, v.size)), threshold, flags, cols, x_o, x_u8, absmax_x)
+
+
+@njit(cache=True)
+def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
+    """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
+    kinds, layers, tasks = plan
+    qkv32, o32, gu32, down32, head32 = W32
+    qkv8, o8, gu8, down8, head8 = W8
+    qkv_a, o_a, gu_a, down_a, head_a = A8
+    qkv_r, o_r, gu_r, down_r, head_r = R8
+    attn_norms, ffn_norms, final_norm, eps = norms
+    keys, values, slots = kv
+    x, h, qkv, o, ya, gate_up, act, delta, logits, empty = bufs
+    cos, sin, scale = rot
+    for s in range(kinds.size):
+        kind, layer, n_tasks = kinds[s], layers[s], tasks[s]
+        # this step's arrays, taken once: its linear j of block ``layer`` (the head is linear 4·L), its input v_in,
+        # output y, prepared input, norm weight and residual branch
+        j = HEAD_LIN
+        v_in, y, w32, w8, absmax_w, row_sums = h, logits, head32, head8, head_a, head_r
+        if kind == NORM_ATTN or kind == QKV:
+            j, y = QKV_LIN, qkv
+        elif kind == PREP_O or kind == O_PROJ:
+            j, v_in, y = O_LIN, o, ya
+        elif kind == NORM_FFN or kind == GATE_UP:
+            j, y = GATE_UP_LIN, gate_up
+        elif kind == PREP_ACT or kind == DOWN:
+            j, v_in, y = DOWN_LIN, act, delta
+        lin = 4 * layer + j if j != HEAD_LIN else 4 * layer
+        is_int8 = lin_kind[lin] == 1
+        if j == QKV_LIN:
+            if is_int8:
+                w8, absmax_w, row_sums = qkv8[layer], qkv_a[layer], qkv_r[layer]
+            else:
+                w32 = qkv32[layer]
+        elif j == O_LIN:
+            if is_int8:
+                w8, absmax_w, row_sums = o8[layer], o_a[layer], o_r[layer]
+            else:
+                w32 = o32[layer]
+        elif j == GATE_UP_LIN:
+            if is_int8:
+                w8, absmax_w, row_sums = gu8[layer], gu_a[layer], gu_r[layer]
+            else:
+                w32 = gu32[layer]
+        elif j == DOWN_LIN:
+            if is_int8:
+                w8, absmax_w, row_sums = down8[layer], down_a[layer], down_r[layer]
+            else:
+                w32 = down32[layer]
+        threshold = thresholds[lin]
+        quant = quant_i if j == DOWN_LIN else quant_h
+        flags, cols, x_o, x_u8, absmax_x, n_outliers = quant
+        J = n_outliers[0]  # set by the step before (the one that prepared this input)
+        norm, residual = final_norm, delta
+        if kind == NORM_ATTN:
+            norm, residual = attn_norms[layer], delta if layer > 0 else empty
+        elif kind == NORM_FFN:
+            norm, residual = ffn_norms[layer], ya
+        layer_kv = min(layer, keys.shape[0] - 1)  # the head's step has no cache of its own
+        k_cache, v_cache = keys[layer_kv], values[layer_kv]
+        claimed, done = 2 * s * COUNTER_STRIDE, (2 * s + 1) * COUNTER_STRIDE
+        while True:
+            t = atomic_add(counters, claimed, 1)
+            if t >= n_tasks:
+                break
+            n0 = t * ROWS_PER_TASK
+            if kind == NORM_ATTN or kind == NORM_FFN or kind == NORM_FINAL:
+                # x += the residual branch (none before the first block), h = RMSNorm(x) · weight, h prepared
+                _add_rms_norm(x, residual, norm, eps, h)
+                _prepare(is_int8, threshold, h, quant)
+            elif kind == PREP_O or kind == PREP_ACT:
+                _prepare(is_int8, threshold, v_in, quant)
+            elif kind == ATTEND:  # kv head t: rotate, write the slot, attend (its query heads)
+                _rope_attend_group(qkv, cos, sin, k_cache, v_cache, slots[layer], scale, o, t)
+            elif kind == GATE_UP:  # gate and up rows of the same features, then SwiGLU (Shazeer 2020)
+                n_act = act.size
+                n1 = min(n0 + ROWS_PER_TASK, n_act)
+                _linear_rows(is_int8, path, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, gate_up,
+                             n0, n1)
+                _linear_rows(is_int8, path, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, gate_up,
+                             n_act + n0, n_act + n1)
+                for i in range(n0, n1):
+                    g = gate_up[i]
+                    act[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n_act + i]
+            else:  # QKV, O_PROJ, DOWN, HEAD
+                _linear_rows(is_int8, path, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y,
+                             n0, min(n0 + ROWS_PER_TASK, y.size))
+            atomic_add(counters, done, 1)
+        wait_until(counters, done, n_tasks)
+
+
+@njit(parallel=True, cache=True)
+def _run(n_workers, plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i,
+         rot):
+    for _ in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
+        _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot)
+
+
+# -- the public class -----------------------------------------------------------------------------------------------
+CACHE_LINE = 64  # bytes (x86)
+
+
+def _lines(shape, dtype):
+    """np.empty(shape, dtype) starting on a cache line and padded to whole lines: a small array that one thread
+    writes and the others read must not share a line with an unrelated one (each write would take the line from
+    the readers' caches; a 64-byte ``cols`` beside the step counters made the outlier epilogue twice as slow on
+    two threads as on one)."""
+    n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(n_bytes + 2 * CACHE_LINE, dtype=np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE
+    return raw[start:start + n_bytes].view(dtype).reshape(shape)
+
+
+def _quant_buffers(K):
+    """``kernels.int8.rows.prepare``'s buffers for K input features, and the outlier count."""
+    n_outliers = _lines((1,), np.int64)
+    n_outliers[0] = 0
+    return (_lines((K,), np.bool_), _lines((K,), np.int64), _lines((1, K), np.float32),
+            _lines((1, padded_k(K)), np.uint8), _lines((1,), np.float32), n_outliers)
+
+
+def _plan(n_layers, tasks_of, int8_layers, int8_head, logits):
+    """The steps of one token: (kinds, layers, tasks) int64 arrays."""
+    steps = []
+    for layer in range(n_layers):
+        steps += [(NORM_ATTN, layer), (QKV, layer), (ATTEND, layer)]
+        steps += [(PREP_O, layer)] if int8_layers else []
+        steps += [(O_PROJ, layer), (NORM_FFN, layer), (GATE_UP, layer)]
+        steps += [(PREP_ACT, layer)] if int8_layers else []
+        steps += [(DOWN, layer)]
+    steps.append((NORM_FINAL, n_layers))
+    if logits:
+        steps.append((HEAD, n_layers))
+    kinds, layers = (np.array(column, dtype=np.int64) for column in zip(*steps))
+    tasks = np.array([tasks_of[kind] for kind in kinds], dtype=np.int64)
+    return kinds, layers, tasks
+
+
+class LlamaDecodeStep:
+    """One token through a Llama decoder (RMSNorm, rotary GQA attention against a KV cache, SwiGLU MLP) and its LM
+    head, as one parallel region of the CPU pool.
+
+    Parameters
+    ----------
+    layers : sequence of (wqkv, wo, w_gate_up, w_down) per block, each float32 (out, in) arrays, or each a
+        ``kernels.int8.Int8Linear`` with int8 weights only (no bias, no float16 copy). wqkv stacks the Q, K and V
+        projections along its outputs (Hq·d + 2·Hkv·d), w_gate_up the gate and up projections (2·I).
+    attn_norms, ffn_norms : (L, hidden) float32, the blocks' RMSNorm weights; final_norm (hidden,).
+    head : float32 (vocab, hidden) array or an ``Int8Linear`` of that shape: the LM head.
+    n_heads, n_kv_heads, head_dim : the attention's shape (Hq, Hkv, d); eps : RMSNorm's epsilon.
+
+    Notes
+    -----
+    The weights are copied into one array per kind of linear, (L, out, in) (``stacks``: float32, or int8 weights
+    with their absmax and row sums): the region takes each block's weight as a view of them. A caller may point its
+    own layers at those views to keep one copy. Calling the step (``__call__``) advances the residual stream x in
+    place, writes each block's key and value at its slot and returns the logits (or the final-normed hidden
+    state). The outputs are the per-layer path's (``kernels.decode.add_rms_norm``, ``rope_attend``, ``swiglu``
+    between the linear layers), the int8 ones bit for bit. Sources: RMSNorm (Zhang & Sennrich 2019), RoFormer
+    (Su et al. 2021), GQA (Ainslie et al. 2023), SwiGLU (Shazeer 2020), LLM.int8() (Dettmers et al. 2022).
+    """
+
+    NAMES = ("wqkv", "wo", "w_gate_up", "w_down")
+
+    def __init__(self, layers, attn_norms, ffn_norms, final_norm, head, *, n_heads, n_kv_heads, head_dim, eps):
+        for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+        if n_heads % n_kv_heads or head_dim % 2:
+            raise ValueError(f"n_heads must be a multiple of n_kv_heads and head_dim even; got {n_heads}, "
+                             f"{n_kv_heads}, {head_dim}")
+        if not (isinstance(eps, (int, float)) and np.isfinite(eps) and eps > 0):
+            raise ValueError(f"eps must be a finite number > 0; got {eps!r}")
+        layers = [tuple(block) for block in layers]
+        if not layers or any(len(block) != 4 for block in layers):
+            raise ValueError("layers must be a non-empty sequence of (wqkv, wo, w_gate_up, w_down)")
+        self.n_layers = L = len(layers)
+        self.n_heads, self.n_kv_heads, self.head_dim = int(n_heads), int(n_kv_heads), int(head_dim)
+        self.eps = float(eps)
+        self.hidden = H = n_heads * head_dim
+        self.intermediate = I = _shape(layers[0][2])[0] // 2
+        self.qkv_size = (n_heads + 2 * n_kv_heads) * head_dim
+        expected = ((self.qkv_size, H), (H, H), (2 * I, H), (H, I))
+        int8_blocks = {isinstance(w, Int8Linear) for block in layers for w in block}
+        if len(int8_blocks) != 1:
+            raise ValueError("the blocks' linear layers must be all float32 arrays or all Int8Linear")
+        self.int8_layers = int8_blocks == {True}
+        self.int8_head = isinstance(head, Int8Linear)
+        self.vocab = _shape(head)[0]
+        self.stacks = {}
+        for j, (name, shape) in enumerate(zip(self.NAMES, expected)):
+            self.stacks[name] = _stack([f"layers[{i}].{name}" for i in range(L)], [b[j] for b in layers], shape)
+        _stack(["head"], [head], (self.vocab, H), copy=False)  # checked; used in place (a tied head is the embedding)
+        self.stacks["head"] = ((np.ascontiguousarray(head.weight.w_i8), np.ascontiguousarray(head.weight.absmax),
+                                np.ascontiguousarray(head.weight.w_row_sums)) if self.int8_head
+                               else np.ascontiguousarray(head))
+        self._int8 = [(4 * i + j, b[j]) for i, b in enumerate(layers) for j in range(4) if self.int8_layers]
+        self._int8 += [(4 * L, head)] if self.int8_head else []
+        self._lin_kind = np.array([int(self.int8_layers)] * 4 * L + [int(self.int8_head)], dtype=np.int8)
+        self._thresholds = np.zeros(4 * L + 1, dtype=np.float32)  # of the int8 linears, read at each call
+        self._norms = (_norms("attn_norms", attn_norms, (L, H)), _norms("ffn_norms", ffn_norms, (L, H)),
+                       _norms("final_norm", final_norm, (H,)), self.eps)
+        no32, no8 = np.empty((0, 0, 0), np.float32), (np.empty((0, 0, 0), np.int8), np.empty((0, 0), np.float32),
+                                                      np.empty((0, 0), np.int32))
+        blocks = [self.stacks[name] for name in self.NAMES]
+        head_w = self.stacks["head"]
+        self._W32 = tuple(no32 if self.int8_layers else b for b in blocks) + (
+            np.empty((0, 0), np.float32) if self.int8_head else head_w,)
+        int8_parts = [b if self.int8_layers else no8 for b in blocks] + [
+            head_w if self.int8_head else (np.empty((0, 0), np.int8), np.empty(0, np.float32), np.empty(0, np.int32))]
+        self._W8, self._A8, self._R8 = (tuple(part[k] for part in int8_parts) for k in range(3))
+        tasks_of = {NORM_ATTN: 1, QKV: -(-self.qkv_size // ROWS_PER_TASK), ATTEND: n_kv_heads, PREP_O: 1,
+                    O_PROJ: -(-H // ROWS_PER_TASK), NORM_FFN: 1, GATE_UP: -(-I // ROWS_PER_TASK), PREP_ACT: 1,
+                    DOWN: -(-H // ROWS_PER_TASK), NORM_FINAL: 1, HEAD: -(-self.vocab // ROWS_PER_TASK)}
+        self._plans = {lg: _plan(L, tasks_of, self.int8_layers, self.int8_head, lg) for lg in (True, False)}
+
+    def _check_caches(self, keys, values, slots):
+        for name, a in (("keys", keys), ("values", values)):
+            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous \
+                    or not a.flags.writeable or a.ndim != 4 \
+                    or a.shape[:2] != (self.n_layers, self.n_kv_heads) or a.shape[3] != self.head_dim:
+                raise ValueError(f"{name} must be a writeable C-contiguous float32 array (L, Hkv, capacity, d) = "
+                                 f"({self.n_layers}, {self.n_kv_heads}, capacity, {self.head_dim}); got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)} {np.shape(a)}")
+        if values.shape != keys.shape:
+            raise ValueError(f"keys and values must have one shape; got {keys.shape}, {values.shape}")
+        slots = np.asarray(slots)
+        if slots.shape != (self.n_layers,) or slots.dtype.kind not in "iu" or np.any(slots < 0) \
+                or np.any(slots >= keys.shape[2]):
+            raise ValueError(f"slots must be ({self.n_layers},) integers, each a free slot of the cache "
+                             f"(0 <= slot < capacity {keys.shape[2]}); got {slots!r}")
+        return slots.astype(np.int64)
+
+    def __call__(self, x, cos, sin, keys, values, slots, *, logits=True):
+        """One token: x (hidden,) float32, its embedding, is advanced in place through the blocks; cos, sin (d/2,)
+        float32 its rotary angles; block i writes its key and value at slot ``slots[i]`` of keys[i], values[i]
+        ((L, Hkv, capacity, d) float32 each) and attends to slots 0..slots[i]. Returns the logits (vocab,) float32,
+        or with ``logits=False`` the final-normed hidden state (hidden,).
+
+        Raises ``ValueError`` for shapes that do not fit and when the step produced a value that is not finite (a
+        hidden state past float32's range: the per-layer path's linear layers refuse those inputs)."""
+        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.shape != (self.hidden,) \
+                or not x.flags.c_contiguous or not x.flags.writeable:
+            raise ValueError(f"x must be a writeable C-contiguous float32 array ({self.hidden},); got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} {np.shape(x)}")
+        half = self.head_dim // 2
+        for name, a in (("cos", cos), ("sin", sin)):
+            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (half,):
+                raise ValueError(f"{name} must be a float32 array ({half},); got {np.shape(a)}")
+        slots = self._check_caches(keys, values, slots)
+        for lin, layer in self._int8:
+            self._thresholds[lin] = layer.threshold
+        H, I = self.hidden, self.intermediate
+        f32 = np.float32
+        h = _lines((H,), f32)  # (hidden,) the normed input of the next linear
+        out = _lines((self.vocab if logits else 0,), f32)  # (vocab,)
+        bufs = (x, h, _lines((self.qkv_size,), f32), _lines((H,), f32), _lines((H,), f32), _lines((2 * I,), f32),
+                _lines((I,), f32), _lines((H,), f32), out, np.empty(0, dtype=f32))
+        plan = self._plans[bool(logits)]
+        counters = _lines((2 * plan[0].size * COUNTER_STRIDE,), np.int64)  # (claimed, done) per step
+        counters[:] = 0
+        rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin),
+               np.float32(1.0 / np.sqrt(self.head_dim)))  # as the per-layer path computes the scale
+        _run(numba.get_num_threads(), plan, counters, path_marker(), self._W32, self._W8,
+             self._A8, self._R8, self._lin_kind, self._thresholds, self._norms, (keys, values, slots), bufs,
+             _quant_buffers(H), _quant_buffers(I), rot)
+        result = out if logits else h
+        if not np.isfinite(result).all():
+            raise ValueError("the decode step produced values that are not finite (a hidden state past float32's "
+                             "range)")
+        return result
+
+
+def _shape(w):
+    return w.weight.shape if isinstance(w, Int8Linear) else np.shape(w)
+
+
+def _stack(names, weights, shape, copy=True):
+    """The weights of one kind of linear as one array (n, out, in): float32, or for Int8Linear layers the int8
+    weights with their absmax (n, out) and row sums (n, out). With ``copy=False`` only the checks."""
+    for name, w in zip(names, weights):
+        if isinstance(w, Int8Linear):
+            if w.weight.w_fp16 is not None or w.bias is not None:
+                raise ValueError(f"{name}: an Int8Linear here keeps int8 weights only, with no bias (a float16 copy "
+                                 f"or a bias takes the per-layer path)")
+            if shape[1] > MAX_EXACT_K:
+                raise ValueError(f"{name}: K = {shape[1]} int8 products can overflow an int32 sum; at most "
+                                 f"{MAX_EXACT_K} are exact")
+        elif not isinstance(w, np.ndarray) or w.dtype != np.float32:
+            raise TypeError(f"{name} must be a float32 numpy.ndarray or an Int8Linear; got "
+                            f"{getattr(w, 'dtype', type(w).__name__)}")
+        if tuple(_shape(w)) != shape:
+            raise ValueError(f"{name} must be (out, in) = {shape}; got {tuple(_shape(w))}")
+    if not copy:
+        return None
+    if isinstance(weights[0], Int8Linear):
+        return (np.stack([w.weight.w_i8 for w in weights]),
+                np.stack([w.weight.absmax for w in weights]).astype(np.float32),
+                np.stack([w.weight.w_row_sums for w in weights]).astype(np.int32))
+    return np.stack(weights)
+
+
+def _norms(name, norms, shape):
+    a = np.asarray(norms)
+    if a.dtype != np.float32 or a.shape != shape:
+        raise ValueError(f"{name} must be float32 {shape}; got {a.dtype} {a.shape}")
+    return np.ascontiguousarray(a)

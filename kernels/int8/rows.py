@@ -1,0 +1,97 @@
+"""LLM.int8()'s decode GEMV in pieces that a fused step can schedule itself: ``prepare`` quantizes one activation
+vector into buffers the caller owns, and ``int8_rows`` computes any range of outputs from them. Run one after the
+other they give what ``Int8Linear`` gives for one row of x (weights kept in int8 only), bit for bit: the outlier
+scan, the rounding and the float epilogue are ``split_gemv``'s own code (``_numba_cpu``), and the int32 products
+are exact on either path.
+
+The int32 products take the offset form of ``_vnni`` on both paths: Σ_k x·w = Σ_k (x + 128)·w − 128·Σ_k w, from
+the unsigned activations and the weight's row sums, so one prepared buffer serves both. The path is chosen by the
+type of ``path``: ``path_marker(True)`` (an empty uint8 array) selects ``vpdpbusd``, ``path_marker(False)`` (an
+empty int8 array) the portable loop; only the selected path is compiled, so the ``vpdpbusd`` code is never built
+for a CPU without AVX512-VNNI.
+
+Buffers of ``prepare`` for an input of K features: ``flags`` (K,) bool, ``cols`` (K,) int64, ``x_o`` (1, K)
+float32, ``x_u8`` (1, ``padded_k(K)``) uint8, ``absmax_x`` (1,) float32; it returns J, the number of outlier
+features (their indices are cols[:J], their float16 values x_o[0, :J]).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from ._numba_cpu import _gemv_output, _quantize_row, round_to_float16
+from ._vnni import VECTOR_BYTES, _corrected, _dot_row, _offset_row
+
+
+def padded_k(K: int) -> int:
+    """Bytes of ``x_u8``'s row for K features: K rounded up to a 64-byte vector (``_vnni._dot_row`` reads whole
+    vectors of it)."""
+    return (K + VECTOR_BYTES - 1) // VECTOR_BYTES * VECTOR_BYTES
+
+
+def path_marker(use_vnni: bool | None = None) -> np.ndarray:
+    """The ``path`` argument of ``int8_rows``: its dtype selects the product's path at compile time. By default
+    the path ``Int8Linear`` takes now (``vpdpbusd`` where the CPU has it; tests force either)."""
+    if use_vnni is None:
+        from . import _api
+
+        use_vnni = _api.USE_VNNI
+    return np.empty(0, dtype=np.uint8 if use_vnni else np.int8)
+
+
+@njit(cache=True)
+def prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x):
+    """Steps 1-2 of ``split_gemv`` for x (1, K) float32: the outlier features (|x| >= threshold; none for a
+    threshold of 0) with their float16 values, and the regular features quantized (vector-wise absmax) and offset
+    by +128 into x_u8. Returns J."""
+    K = x.shape[1]
+    J = 0
+    for k in range(K):
+        flags[k] = threshold > 0 and abs(x[0, k]) >= threshold
+        if flags[k]:
+            cols[J] = k
+            x_o[0, J] = round_to_float16(x[0, k])
+            J += 1
+    _quantize_row(x, 0, flags, x_u8, absmax_x)  # the two's complement bytes of the int8 values
+    _offset_row(x_u8, 0, K)
+    return J
+
+
+@njit(cache=True)
+def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+    outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
+    # an atomic update of a line that every thread's view of it shares
+    for n in range(n0, n1):
+        c = _corrected(_dot_row(x_u8, 0, w_i8, n), w_row_sums[n])
+        y[n] = _gemv_output(c, 0, n, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
+
+
+@njit(cache=True)
+def _rows_loop(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+    K = w_i8.shape[1]
+    outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # once (see _rows_vnni)
+    for n in range(n0, n1):
+        acc = 0  # Σ (x + 128)·w, exact in int64; LLVM sums it in vector lanes
+        for k in range(K):
+            acc += np.int32(x_u8[0, k]) * np.int32(w_i8[n, k])
+        c = _corrected(np.int32(acc), w_row_sums[n])
+        y[n] = _gemv_output(c, 0, n, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
+
+
+def int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+    """y[n0:n1] = the split product of the prepared vector with rows n0..n1-1 of the int8 weight (N, K), its
+    absmax (N,) and row sums (N,) int32; y float32. Numba code only (an ``overload`` on ``path``'s dtype)."""
+    raise NotImplementedError("int8_rows is called from Numba code")
+
+
+@overload(int8_rows)
+def _int8_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+    if not isinstance(path, types.Array):
+        return None
+    rows = _rows_vnni if path.dtype == types.uint8 else _rows_loop
+
+    def impl(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+        rows(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1)
+
+    return impl

@@ -1,0 +1,205 @@
+"""kernels.decode.LlamaDecodeStep (a whole token in one parallel region) against the per-layer path built from the
+public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for bit in int8 on either product path,
+within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from numba import njit, prange
+
+from kernels import decode
+from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, wait_until
+from kernels.dense import matmul_nt
+from kernels.int8 import Int8Linear, _api, _vnni
+from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
+
+from tests.helpers import assert_close
+
+PATHS = ["loop"] + (["vnni"] if _vnni.AVAILABLE else [])
+
+
+@pytest.fixture(params=PATHS)
+def int8_path(request, monkeypatch):
+    monkeypatch.setattr(_api, "USE_VNNI", request.param == "vnni")
+    return request.param
+
+
+def _model(rng, L, hq, hkv, d, inter, vocab, int8, int8_head, threshold):
+    """Random blocks with a few large input features (so that LLM.int8() finds outliers) and their norms."""
+    H = hq * d
+    shapes = ((hq + 2 * hkv) * d, H), (H, H), (2 * inter, H), (H, inter)
+
+    def linear(shape, quantized):
+        w = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        return Int8Linear.from_float(w, threshold=threshold) if quantized else w
+
+    layers = [tuple(linear(s, int8) for s in shapes) for _ in range(L)]
+    head = linear((vocab, H), int8_head)
+    norms = [rng.uniform(0.5, 2.0, (L, H)).astype(np.float32) for _ in range(2)]
+    final = rng.uniform(0.5, 2.0, H).astype(np.float32)
+    return layers, norms[0], norms[1], final, head
+
+
+def _per_layer(layers, attn_norms, ffn_norms, final, head, x, cos, sin, keys, values, slots, d, eps):
+    """The per-layer path: the fused serial pieces between the linear layers, as SmolLM2's per-layer decode."""
+    def apply(w, v):
+        return (w(v[None]) if isinstance(w, Int8Linear) else matmul_nt(v[None], w))[0]
+
+    H = x.size
+    h, o = np.empty(H, np.float32), np.empty(H, np.float32)
+    delta = np.empty(0, np.float32)
+    for i, (wqkv, wo, wgu, wd) in enumerate(layers):
+        decode.add_rms_norm(x, delta, attn_norms[i], eps, h)
+        decode.rope_attend(apply(wqkv, h), cos, sin, keys[i], values[i], int(slots[i]),
+                           np.float32(1.0 / np.sqrt(d)), o)
+        decode.add_rms_norm(x, apply(wo, o), ffn_norms[i], eps, h)
+        gate_up = apply(wgu, h)
+        act = np.empty(gate_up.size // 2, np.float32)
+        decode.swiglu(gate_up, act)
+        delta = apply(wd, act)
+    decode.add_rms_norm(x, delta, final, eps, h)
+    return apply(head, h), h
+
+
+# (L, Hq, Hkv, d, intermediate, vocab): SmolLM2's head shape per block at small scale, MHA, one kv head, a d of 2,
+# sizes below and across the 64 outputs of a task (qkv 40, intermediate 70, vocab 1 and 130)
+SHAPES = [(2, 3, 1, 8, 70, 130), (1, 2, 2, 2, 5, 1), (3, 4, 2, 16, 64, 200), (2, 9, 3, 4, 96, 65)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-hq{}-hkv{}-d{}-I{}-V{}".format(*s))
+@pytest.mark.parametrize("mode", ["fp32", "int8", "int8-head", "fp32-int8-head"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads):
+    L, hq, hkv, d, inter, vocab = shape
+    int8, int8_head = mode in ("int8", "int8-head"), mode.endswith("int8-head")  # int8 blocks: bit for bit
+    layers, attn_norms, ffn_norms, final, head = _model(rng, L, hq, hkv, d, inter, vocab, int8, int8_head, 1.5)
+    step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=hq, n_kv_heads=hkv,
+                                  head_dim=d, eps=1e-5)
+    capacity = 9
+    keys = rng.standard_normal((L, hkv, capacity, d)).astype(np.float32)
+    values = rng.standard_normal((L, hkv, capacity, d)).astype(np.float32)
+    slots = rng.integers(0, capacity, L)  # layers at different lengths, as after a per-layer compression
+    slots[0] = 0  # the first token of a layer attends to itself only
+    x = (3 * rng.standard_normal(hq * d)).astype(np.float32)
+    angles = rng.uniform(0, 2 * np.pi, d // 2)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    x_ref, keys_ref, values_ref = x.copy(), keys.copy(), values.copy()
+    logits_ref, h_ref = _per_layer(layers, attn_norms, ffn_norms, final, head, x_ref, cos, sin, keys_ref,
+                                   values_ref, slots, d, 1e-5)
+    previous = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        logits = step(x, cos, sin, keys, values, slots)
+    finally:
+        numba.set_num_threads(previous)
+    if int8:
+        assert np.array_equal(logits, logits_ref) and np.array_equal(x, x_ref)
+        assert np.array_equal(keys, keys_ref) and np.array_equal(values, values_ref)
+    else:
+        assert_close(logits, logits_ref.astype(np.float64), np.float32)
+        assert_close(x, x_ref.astype(np.float64), np.float32)
+        assert_close(keys, keys_ref.astype(np.float64), np.float32)
+    _, h_next = _per_layer(layers, attn_norms, ffn_norms, final, head, x_ref, cos, sin, keys_ref, values_ref,
+                           slots, d, 1e-5)
+    hidden = step(x, cos, sin, keys, values, slots, logits=False)  # a second token, without the head
+    assert_close(hidden, h_next.astype(np.float64), np.float32)
+
+
+def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path):
+    # many outlier features (threshold 0.5) and none (threshold 0): the epilogue's float16 part and its absence
+    for threshold in (0.5, 0.0):
+        layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, threshold)
+        step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+        keys = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
+        values = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
+        x = rng.standard_normal(32).astype(np.float32)
+        cos, sin = np.ones(4, np.float32), np.zeros(4, np.float32)
+        ref = _per_layer(layers, an, fn, final, head, x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1], 8,
+                         1e-5)[0]
+        assert np.array_equal(step(x, cos, sin, keys, values, [3, 1]), ref)
+
+
+def test_bad_calls_are_refused(rng):
+    layers, an, fn, final, head = _model(rng, 2, 2, 1, 4, 8, 10, False, False, 6.0)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    keys = np.zeros((2, 1, 4, 4), np.float32)
+    x, cs = np.ones(8, np.float32), np.ones(2, np.float32)
+    with pytest.raises(ValueError, match="slots must be"):
+        step(x, cs, cs, keys, keys.copy(), [4, 0])  # past the capacity: wrote out of bounds without the check
+    with pytest.raises(ValueError, match="slots must be"):
+        step(x, cs, cs, keys, keys.copy(), [0])
+    with pytest.raises(ValueError, match="keys must be"):
+        step(x, cs, cs, keys[:, :, :, :2].copy(), keys[:, :, :, :2].copy(), [0, 0])
+    with pytest.raises(ValueError, match="keys and values must have one shape"):
+        step(x, cs, cs, keys, np.zeros((2, 1, 5, 4), np.float32), [0, 0])
+    with pytest.raises(ValueError, match="x must be"):
+        step(np.ones(7, np.float32), cs, cs, keys, keys.copy(), [0, 0])
+    with pytest.raises(ValueError, match="cos must be"):
+        step(x, np.ones(3, np.float32), cs, keys, keys.copy(), [0, 0])
+    with pytest.raises(ValueError, match="not finite"):
+        step(np.full(8, np.nan, np.float32), cs, cs, keys, keys.copy(), [0, 0])
+    with pytest.raises(ValueError, match=r"layers\[1\].wo must be \(out, in\)"):
+        bad = [layers[0], (layers[1][0], layers[1][0], *layers[1][2:])]
+        decode.LlamaDecodeStep(bad, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    with pytest.raises(TypeError, match="float32 numpy.ndarray or an Int8Linear"):
+        bad = [tuple(w.astype(np.float64) for w in block) for block in layers]
+        decode.LlamaDecodeStep(bad, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    with pytest.raises(ValueError, match="all float32 arrays or all Int8Linear"):
+        mixed = [layers[0], (Int8Linear.from_float(layers[1][0]), *layers[1][1:])]
+        decode.LlamaDecodeStep(mixed, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    with pytest.raises(ValueError, match="n_heads must be a multiple"):
+        decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=3, head_dim=4, eps=1e-5)
+    with pytest.raises(ValueError, match="float16 copy"):
+        kept = [tuple(Int8Linear.from_float(w, keep_fp16_weights=True) for w in block) for block in layers]
+        decode.LlamaDecodeStep(kept, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (5, 63), (70, 64), (130, 200)])
+def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k):
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = (2 * rng.standard_normal((1, k))).astype(np.float32)
+    layer = Int8Linear.from_float(w, threshold=2.5)
+    flags, cols = np.empty(k, np.bool_), np.empty(k, np.int64)
+    x_o, x_u8, absmax_x = np.empty((1, k), np.float32), np.empty((1, padded_k(k)), np.uint8), np.empty(1, np.float32)
+    J = prepare(x, np.float32(2.5), flags, cols, x_o, x_u8, absmax_x)
+    y = np.full(n, np.nan, np.float32)
+    _rows(path_marker(), x_u8, J, cols, x_o, absmax_x, layer.weight.w_i8, layer.weight.absmax,
+          layer.weight.w_row_sums, y, n)
+    assert np.array_equal(y, layer(x)[0])
+
+
+@njit
+def _rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n):
+    for n0 in range(0, n, 3):  # in ranges of 3 outputs, the last one short
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + 3))
+
+
+@njit(parallel=True)
+def _count_in_steps(n_workers, counters, out, n_steps, n_tasks):
+    for _ in prange(n_workers):
+        for s in range(n_steps):
+            while True:
+                t = atomic_add(counters, 2 * s * COUNTER_STRIDE, 1)
+                if t >= n_tasks:
+                    break
+                # each task of step s reads what step s - 1 wrote: wrong if a step started before the last ended
+                out[s, t] = 1 + (out[s - 1, (t + 1) % n_tasks] if s else 0)
+                atomic_add(counters, (2 * s + 1) * COUNTER_STRIDE, 1)
+            wait_until(counters, (2 * s + 1) * COUNTER_STRIDE, n_tasks)
+
+
+@pytest.mark.parametrize("n_workers", [1, 2, 5])
+def test_claimed_steps_run_in_order(n_workers):
+    n_steps, n_tasks = 50, 7
+    counters = np.zeros(2 * n_steps * COUNTER_STRIDE, np.int64)
+    out = np.zeros((n_steps, n_tasks), np.int64)
+    _count_in_steps(n_workers, counters, out, n_steps, n_tasks)
+    assert np.array_equal(out, np.broadcast_to(np.arange(1, n_steps + 1)[:, None], out.shape))
+    done = np.array([_load(counters, (2 * s + 1) * COUNTER_STRIDE) for s in range(n_steps)])
+    assert np.all(done == n_tasks)
+
+
+@njit
+def _load(counters, i):
+    return atomic_load(counters, i)
