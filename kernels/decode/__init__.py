@@ -8,7 +8,7 @@ Two ways to run it, with the same outputs:
   a wake-up of its sleeping threads.
 """
 from ._fused import add_rms_norm, rms_norm_reference, rope_attend, rope_reference, swiglu
-from ._step import ROWS_PER_TASK, LlamaDecodeStep
+from ._step import LlamaDecodeStep
 
-__all__ = ["LlamaDecodeStep", "ROWS_PER_TASK", "add_rms_norm", "rms_norm_reference", "rope_attend",
+__all__ = ["LlamaDecodeStep", "add_rms_norm", "rms_norm_reference", "rope_attend",
            "rope_reference", "swiglu"]

@@ -4,7 +4,7 @@ the LM head — in one parallel region.
 Why: with the pool's threads asleep between regions (``kernels/_common/threads.py``), each region pays a wake-up
 of tens of microseconds on a VM; a SmolLM2 token through per-layer kernels launched 121 regions, about a third of
 its time. Here the step is a fixed list of dependent steps (``plan``), each split into tasks — blocks of
-``ROWS_PER_TASK`` outputs of a linear layer, one kv head of the attention, or one serial task (an RMSNorm, the
+a run of a linear layer's outputs, one kv head of the attention, or one serial task (an RMSNorm, the
 quantization of a linear's input) — and every thread of the region claims tasks from an atomic counter per step,
 then waits for the step's last task before it moves on (``kernels/_common/atomics.py``). Claiming makes a late
 or preempted thread harmless: the threads that are running take its tasks; the waits spin only on this call's own
@@ -30,8 +30,10 @@ from ..int8 import MAX_EXACT_K, Int8Linear
 from ..int8.rows import int8_rows, padded_k, path_marker, prepare
 from ._fused import _add_rms_norm, _rope_attend_group
 
-ROWS_PER_TASK = 64  # outputs of a linear per task: 64 rows of 576-1536 features, 37-98 KB of int8, 147-393 KB of
-# float32, microseconds of work against a claim's ~0.1 us; a few dozen tasks per step for two to a few dozen threads
+TASKS_PER_THREAD = 4  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
+# be covered by the others, few enough that each task streams a long contiguous run of weight rows (claims in
+# small blocks interleave the threads' streams, and each thread's prefetcher restarts at every block)
+MIN_ROWS_PER_TASK = 16  # outputs: a task is at least 16 rows (9-24 KB of int8 at K = 576-1536), whatever the count
 
 # the kinds of step, in the order a block runs them
 NORM_ATTN, QKV, ATTEND, PREP_O, O_PROJ, NORM_FFN, GATE_UP, PREP_ACT, DOWN, NORM_FINAL, HEAD = range(11)
@@ -63,7 +65,7 @@ def _prepare(is_int8, threshold, v, quant):
 @njit(cache=True)
 def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
     """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
-    kinds, layers, tasks = plan
+    kinds, layers, tasks, rows = plan
     qkv32, o32, gu32, down32, head32 = W32
     qkv8, o8, gu8, down8, head8 = W8
     qkv_a, o_a, gu_a, down_a, head_a = A8
@@ -124,7 +126,7 @@ def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, 
             t = atomic_add(counters, claimed, 1)
             if t >= n_tasks:
                 break
-            n0 = t * ROWS_PER_TASK
+            n0 = t * rows[s]
             if kind == NORM_ATTN or kind == NORM_FFN or kind == NORM_FINAL:
                 # x += the residual branch (none before the first block), h = RMSNorm(x) · weight, h prepared
                 _add_rms_norm(x, residual, norm, eps, h)
@@ -135,7 +137,7 @@ def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, 
                 _rope_attend_group(qkv, cos, sin, k_cache, v_cache, slots[layer], scale, o, t)
             elif kind == GATE_UP:  # gate and up rows of the same features, then SwiGLU (Shazeer 2020)
                 n_act = act.size
-                n1 = min(n0 + ROWS_PER_TASK, n_act)
+                n1 = min(n0 + rows[s], n_act)
                 _linear_rows(is_int8, path, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, gate_up,
                              n0, n1)
                 _linear_rows(is_int8, path, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, gate_up,
@@ -145,7 +147,7 @@ def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, 
                     act[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n_act + i]
             else:  # QKV, O_PROJ, DOWN, HEAD
                 _linear_rows(is_int8, path, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y,
-                             n0, min(n0 + ROWS_PER_TASK, y.size))
+                             n0, min(n0 + rows[s], y.size))
             atomic_add(counters, done, 1)
         wait_until(counters, done, n_tasks)
 
@@ -180,8 +182,8 @@ def _quant_buffers(K):
             _lines((1, padded_k(K)), np.uint8), _lines((1,), np.float32), n_outliers)
 
 
-def _plan(n_layers, tasks_of, int8_layers, int8_head, logits):
-    """The steps of one token: (kinds, layers, tasks) int64 arrays."""
+def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_workers):
+    """The steps of one token for ``n_workers`` threads: (kinds, layers, tasks, rows per task) int64 arrays."""
     steps = []
     for layer in range(n_layers):
         steps += [(NORM_ATTN, layer), (QKV, layer), (ATTEND, layer)]
@@ -193,8 +195,16 @@ def _plan(n_layers, tasks_of, int8_layers, int8_head, logits):
     if logits:
         steps.append((HEAD, n_layers))
     kinds, layers = (np.array(column, dtype=np.int64) for column in zip(*steps))
-    tasks = np.array([tasks_of[kind] for kind in kinds], dtype=np.int64)
-    return kinds, layers, tasks
+    tasks, rows = np.ones(kinds.size, dtype=np.int64), np.ones(kinds.size, dtype=np.int64)
+    for s, kind in enumerate(kinds):
+        if kind == ATTEND:
+            tasks[s] = n_kv_heads
+        elif kind in outputs_of:
+            n = outputs_of[kind]
+            per_task = -(-n // (TASKS_PER_THREAD * n_workers))
+            rows[s] = min(n, -(-max(per_task, MIN_ROWS_PER_TASK) // MIN_ROWS_PER_TASK) * MIN_ROWS_PER_TASK)
+            tasks[s] = -(-n // rows[s])
+    return kinds, layers, tasks, rows
 
 
 class LlamaDecodeStep:
@@ -270,10 +280,9 @@ class LlamaDecodeStep:
         int8_parts = [b if self.int8_layers else no8 for b in blocks] + [
             head_w if self.int8_head else (np.empty((0, 0), np.int8), np.empty(0, np.float32), np.empty(0, np.int32))]
         self._W8, self._A8, self._R8 = (tuple(part[k] for part in int8_parts) for k in range(3))
-        tasks_of = {NORM_ATTN: 1, QKV: -(-self.qkv_size // ROWS_PER_TASK), ATTEND: n_kv_heads, PREP_O: 1,
-                    O_PROJ: -(-H // ROWS_PER_TASK), NORM_FFN: 1, GATE_UP: -(-I // ROWS_PER_TASK), PREP_ACT: 1,
-                    DOWN: -(-H // ROWS_PER_TASK), NORM_FINAL: 1, HEAD: -(-self.vocab // ROWS_PER_TASK)}
-        self._plans = {lg: _plan(L, tasks_of, self.int8_layers, self.int8_head, lg) for lg in (True, False)}
+        # the outputs a linear step divides among its tasks (GATE_UP: features of the SwiGLU product)
+        self._outputs_of = {QKV: self.qkv_size, O_PROJ: H, GATE_UP: I, DOWN: H, HEAD: self.vocab}
+        self._plans = {}  # by (logits, threads)
 
     def _check_caches(self, keys, values, slots):
         for name, a in (("keys", keys), ("values", values)):
@@ -317,12 +326,17 @@ class LlamaDecodeStep:
         out = _lines((self.vocab if logits else 0,), f32)  # (vocab,)
         bufs = (x, h, _lines((self.qkv_size,), f32), _lines((H,), f32), _lines((H,), f32), _lines((2 * I,), f32),
                 _lines((I,), f32), _lines((H,), f32), out, np.empty(0, dtype=f32))
-        plan = self._plans[bool(logits)]
+        n_workers = numba.get_num_threads()
+        key = (bool(logits), n_workers)
+        if key not in self._plans:
+            self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
+                                     self.int8_head, bool(logits), n_workers)
+        plan = self._plans[key]
         counters = _lines((2 * plan[0].size * COUNTER_STRIDE,), np.int64)  # (claimed, done) per step
         counters[:] = 0
         rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin),
                np.float32(1.0 / np.sqrt(self.head_dim)))  # as the per-layer path computes the scale
-        _run(numba.get_num_threads(), plan, counters, path_marker(), self._W32, self._W8,
+        _run(n_workers, plan, counters, path_marker(), self._W32, self._W8,
              self._A8, self._R8, self._lin_kind, self._thresholds, self._norms, (keys, values, slots), bufs,
              _quant_buffers(H), _quant_buffers(I), rot)
         result = out if logits else h
