@@ -117,7 +117,7 @@ def test_arrays_sweep_like_scalars():
 def test_roofline_time_names_the_bound():
     hw = hardware.load("A100-40GB-SXM")
     std = costs.standard_forward(1, 16, 16, 8192, 8192, 64, sram_bytes=hw.sram_per_sm_bytes).time(hw)
-    assert all(k.bound == "memory" for k in std.kernels)
+    assert all(k.bound == "dram" for k in std.kernels)
     gemm = costs.dense(8192, 8192, 8192)
     timing = gemm.time(hw)
     assert timing.kernels[0].bound == "compute"
@@ -126,7 +126,7 @@ def test_roofline_time_names_the_bound():
     tiled = costs.dense(8192, 8192, 8192, reuse="tiled")
     assert tiled.reads["X"] == 64 * gemm.reads["X"] and tiled.reads["W"] == 64 * gemm.reads["W"]
     gemv = costs.dense(1, 4096, 4096).time(hw)
-    assert gemv.kernels[0].bound == "memory"
+    assert gemv.kernels[0].bound == "dram"
 
 
 def test_a_hand_computed_case():
