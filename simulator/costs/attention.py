@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ledger import Cost, kernel
-from .reuse import resident, shared_operand_reads
+from .reuse import pass_hit_fraction, resident, revisit_miss_fraction, shared_operand_reads
 from .sizes import check_gqa, check_product, check_sizes
 from .tile_shapes import TILE_RULES, implemented_tiles
 from .tiling import STAT_BYTES, causal_tile_sums, cdiv, flash_sram_bytes, flash_tiles, visible_pairs
@@ -109,8 +109,8 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
     pass, then the normalizing pass). Causal masking saves nothing here: the full S is computed.
 
     With ``hw``: the K (V) re-reads of the query blocks of one head in a wave come from L2 (``reuse.py``); S and
-    P reach DRAM once each way unless S and P together fit the shared cache, when the passes between the kernels
-    hit it (the dirty lines are written back once); the second softmax pass re-reads a row it just read (a hit).
+    P are written back to DRAM once, and each pass reads from DRAM the rows the shared cache no longer holds
+    (``reuse.pass_hit_fraction``: all of them once S and P are much larger than the cache).
     """
     _attention_sizes(B, Hq, Hkv, Nq, Nk, d, elem_bytes)  # before the tile rule divides by them
     sram_bytes = _sram(hw, sram_bytes)
@@ -130,20 +130,25 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
     masked = bool(separate_mask and np.any(causal))
     row_fits = STAT_BYTES * Nk <= (sram_bytes if sram_bytes is not None else np.inf)
     s_reads = np.where(row_fits, 1, 2) * s_bytes
+    p_bytes = s_bytes
     if hw is None:
-        kv_dram, sp_kept = kv_tiled, False
-        s_first_reads = s_reads
+        kv_dram = kv_tiled
+        miss = {name: 1.0 for name in ("mask", "softmax", "dropout", "pv")}
     else:
         c = _in_flight(hw, gemm_sram)
         times = shared_operand_reads(B * Hkv, tr, c, Nk * d * e, c * group * Br * d * e, hw.l2_bytes, hw.kind)
         kv_dram = np.minimum(kv_tiled, times * Nk * d * e)
-        sp_kept = resident(2 * s_bytes, hw.l2_bytes)
-        s_first_reads = np.where(sp_kept, 0, s_bytes)  # the second pass re-reads a row just read: a hit
-    none = np.zeros_like(s_bytes)
-
-    def dram(value):  # S or P traffic between kernels: gone when S and P stay in the shared cache
-        return np.where(sp_kept, none, value) if hw is not None else value
-
+        l2 = hw.l2_bytes
+        # each pass reads what the one before wrote, row by row (reuse.pass_hit_fraction): in-place passes touch
+        # one tensor, softmax reads S and writes P
+        miss = {"mask": 1 - pass_hit_fraction(l2, s_bytes, 0, 0),
+                "softmax": 1 - pass_hit_fraction(l2, s_bytes, 0, p_bytes),
+                "dropout": 1 - pass_hit_fraction(l2, p_bytes, s_bytes, 0),
+                "pv": 1 - (pass_hit_fraction(l2, p_bytes, 0, 0) if dropout
+                           else pass_hit_fraction(l2, p_bytes, s_bytes, 0))}
+    # a pass that misses reads from DRAM; an in-place pass's writes reach DRAM again for the lines it missed
+    # (the others were still dirty in the cache and go back once); the second softmax pass re-reads a row it
+    # just read (a hit)
     kernels = [
         kernel("qk", reads={"Q": q_bytes, "K": kv_tiled}, writes={"S": s_bytes},
                flops=2 * B * Hq * Nq * Nk * d, sram_peak_bytes=gemm_sram,
@@ -152,17 +157,18 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
     if masked:
         s_mask = np.where(causal, s_bytes, 0)
         kernels.append(kernel("mask", reads={"S": s_mask}, writes={"S": s_mask}, flops=0, sram_peak_bytes=e * Nk,
-                              dram_reads={"S": dram(s_mask)}, dram_writes={"S": dram(s_mask)}))
-    kernels.append(kernel("softmax", reads={"S": s_reads}, writes={"P": s_bytes}, flops=0,
+                              dram_reads={"S": miss["mask"] * s_mask}, dram_writes={"S": miss["mask"] * s_mask}))
+    kernels.append(kernel("softmax", reads={"S": s_reads}, writes={"P": p_bytes}, flops=0,
                           sram_peak_bytes=np.where(row_fits, STAT_BYTES * Nk, STAT_BYTES * Bc),
-                          dram_reads={"S": s_first_reads}, dram_writes={"P": s_bytes}))
+                          dram_reads={"S": miss["softmax"] * (s_bytes if hw is not None else s_reads)},
+                          dram_writes={"P": p_bytes}))
     if dropout:
-        kernels.append(kernel("dropout", reads={"P": s_bytes}, writes={"P": s_bytes}, flops=0,
-                              sram_peak_bytes=e * Nk, dram_reads={"P": dram(s_bytes)},
-                              dram_writes={"P": dram(s_bytes)}))
-    kernels.append(kernel("pv", reads={"P": s_bytes, "V": kv_tiled}, writes={"O": o_bytes},
+        kernels.append(kernel("dropout", reads={"P": p_bytes}, writes={"P": p_bytes}, flops=0,
+                              sram_peak_bytes=e * Nk, dram_reads={"P": miss["dropout"] * p_bytes},
+                              dram_writes={"P": miss["dropout"] * p_bytes}))
+    kernels.append(kernel("pv", reads={"P": p_bytes, "V": kv_tiled}, writes={"O": o_bytes},
                           flops=2 * B * Hq * Nq * Nk * d, sram_peak_bytes=gemm_sram,
-                          dram_reads={"P": dram(s_bytes), "V": kv_dram}, dram_writes={"O": o_bytes}))
+                          dram_reads={"P": miss["pv"] * p_bytes, "V": kv_dram}, dram_writes={"O": o_bytes}))
     return Cost("standard", tuple(kernels), _useful(B, Hq, Nq, Nk, d, causal),
                 {"Br": Br, "Bc": Bc})
 
@@ -190,8 +196,13 @@ def flash2_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
     if hw is not None:
         c = _in_flight(hw, sram_peak if cta is None else cta)
         private = c * group * Br * (2 * d * e + STAT_BYTES)  # Q_i, O_i and lse_i of the units in a wave
-        times = shared_operand_reads(B * Hkv, tr, c, 2 * Nk * d * e, private, hw.l2_bytes, hw.kind)
-        kv_dram = np.minimum(kv_tiled, times * Nk * d * e)
+        # a causal block sees only the keys up to its diagonal: a wave's blocks touch sum_keys / Tr keys each on
+        # average (all Nk without a mask)
+        times = shared_operand_reads(B * Hkv, tr, c, 2 * d * e * sum_keys / tr, private, hw.l2_bytes, hw.kind)
+        # each read brings the keys its span of blocks sees: all Nk, or with a causal mask up to the span's last
+        # block's diagonal — over s spans of a head, Nk·(s + 1)/2 rows
+        reads_of_nk = np.where(causal, (times + B * Hkv) / 2, times)
+        kv_dram = np.minimum(kv_tiled, reads_of_nk * Nk * d * e)
         dram_reads = {"Q": reads["Q"], "K": kv_dram, "V": kv_dram}
     k = kernel("flash2_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys,
                sram_peak_bytes=sram_peak, dram_reads=dram_reads)
@@ -208,7 +219,8 @@ def flash1_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
     With ``hw``: one unit per (batch, kv head), as FlashAttention-1 parallelizes over batch and heads. The Q, O,
     l, m of the heads in flight are re-read Tc times; they come from the shared cache when those heads' rows fit
     it (then Q is read from DRAM once, and O, l, m are written back once — after the initialization too, when all
-    of O, l, m fit and the first reads find it there). Else every visit reaches DRAM.
+    of O, l, m fit and the first reads find it there), else every visit reaches DRAM; a causal mask shrinks the
+    live rows tile by tile (``reuse.revisit_miss_fraction``).
     """
     B, Hq, Hkv, Nq, Nk, d, e, group, Br, Bc, _ = _setup(B, Hq, Hkv, Nq, Nk, d, elem_bytes, sram_bytes, Br, Bc,
                                                          hw=hw)
@@ -224,13 +236,16 @@ def flash1_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
     if hw is not None:
         c = _in_flight(hw, sram_peak)
         head_rows = group * Nq * (2 * d * e + 2 * STAT_BYTES)  # one unit's Q, O, l, m
-        kept = resident(np.minimum(c, B * Hkv) * (head_rows + 2 * Bc * d * e), hw.l2_bytes)
+        live = np.minimum(c, B * Hkv) * (head_rows + 2 * Bc * d * e)
+        f = revisit_miss_fraction(live, hw.l2_bytes, causal)  # re-visits that miss
         init_kept = resident(rows * (d * e + 2 * STAT_BYTES), hw.l2_bytes)
         dram_reads, dram_writes = {"K": reads["K"], "V": reads["V"]}, {}
-        dram_reads["Q"] = np.where(kept, rows * d * e, reads["Q"])
+        dram_reads["Q"] = rows * d * e + f * (reads["Q"] - rows * d * e)
         for t in ("O", "l", "m"):
-            dram_reads[t] = np.where(kept, np.where(init_kept, 0, rows * row_bytes[t]), reads[t])
-            dram_writes[t] = np.where(kept, np.where(init_kept, 1, 2) * rows * row_bytes[t], writes[t])
+            kept_reads = np.where(init_kept, 0, rows * row_bytes[t])
+            kept_writes = np.where(init_kept, 1, 2) * rows * row_bytes[t]
+            dram_reads[t] = kept_reads + f * (reads[t] - kept_reads)
+            dram_writes[t] = kept_writes + f * (writes[t] - kept_writes)
     k = kernel("flash1_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys,
                sram_peak_bytes=sram_peak, dram_reads=dram_reads, dram_writes=dram_writes)
     return Cost("flash1", (k,), _useful(B, Hq, Nq, Nk, d, causal), {"Br": Br, "Bc": Bc, "Tr": tr})
@@ -287,7 +302,9 @@ def flash2_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_b
     if hw is not None:
         c = _in_flight(hw, sram_peak)
         tc = cdiv(Nk, Bc)
-        head = group * Nq * sum(row_bytes.values())  # one head's Q, dO, lse, D and dQ_acc rows
+        # one head's Q, dO, lse, D and dQ_acc rows (a causal K/V tile sees the rows below its diagonal: on average
+        # sum_rows_t / Tc of them)
+        head = group * sum_rows_t / tc * sum(row_bytes.values())
         times = shared_operand_reads(B * Hkv, tc, c, head, c * 4 * Bc * d * e, hw.l2_bytes, hw.kind)
         rows_read = times * group * Nq  # query rows of one head, times the head is read, summed
         main_dram_reads = {"K": main_reads["K"], "V": main_reads["V"],

@@ -37,9 +37,9 @@ def shared_operand_reads(n_groups, units_per_group, concurrent, group_bytes, oth
     """How many times each group's operand (``group_bytes``, e.g. K and V of one head) is read from DRAM in all,
     as a count of whole group reads (an array for a sweep).
 
-    GPU (``kind="gpu"``): once per group if the bytes one wave touches — the operands of the groups it covers plus
-    ``other_wave_bytes`` (its units' private tiles, Q_i and O_i) — fit in ``l2_bytes``; else once per wave the
-    group spans. CPU: once per group if ``concurrent`` groups' operands plus the private tiles fit, else once per
+    GPU (``kind="gpu"``): once per group if the bytes one wave touches — the operands of the groups it covers (on
+    average: the (wave, group) incidences over the waves) plus ``other_wave_bytes`` (its units' private tiles,
+    Q_i and O_i) — fit in ``l2_bytes``; else once per wave the group spans. CPU: once per group if ``concurrent`` groups' operands plus the private tiles fit, else once per
     unit (every task streams the whole operand again).
     """
     g, u, c = (np.asarray(x, dtype=np.int64) for x in (n_groups, units_per_group, concurrent))
@@ -47,9 +47,36 @@ def shared_operand_reads(n_groups, units_per_group, concurrent, group_bytes, oth
     if kind == "cpu":
         live = np.minimum(c, g) * group_bytes + other_wave_bytes
         return np.where(live <= l2_bytes, g, g * u)
-    groups_per_wave = np.minimum(g, cdiv(c, u) + 1)
+    spans = waves_spanned(g, u, c)
+    groups_per_wave = spans / cdiv(g * u, c)  # (wave, group) incidences per wave: the average a wave touches
     live = groups_per_wave * group_bytes + other_wave_bytes
-    return np.where(live <= l2_bytes, g, waves_spanned(g, u, c))
+    return np.where(live <= l2_bytes, g, spans)
+
+
+def pass_hit_fraction(l2_bytes, x_bytes, y_bytes, z_bytes):
+    """Fraction of a pass's reads of a tensor X that hit the shared cache, when the previous pass touched X and
+    Y row by row in lockstep and this pass touches X and Z the same way (standard attention's kernels: qk writes
+    S; softmax reads S and writes P; pv reads P). Row x (a fraction 0..1 of the way through) was last touched
+    X + (1 − x)·Y + x·Z distinct bytes ago; an LRU cache of ``l2_bytes`` keeps it while that is at most its
+    capacity, so the hits are the x in [0, 1] where X + Y + x·(Z − Y) <= l2_bytes."""
+    l2, x, y, z = (np.asarray(a, dtype=float) for a in (l2_bytes, x_bytes, y_bytes, z_bytes))
+    slope = z - y
+    flat = np.where(x + y <= l2, 1.0, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cut = np.clip((l2 - x - y) / np.where(slope == 0, 1, slope), 0.0, 1.0)
+    return np.where(slope == 0, flat, np.where(slope > 0, cut, 1.0 - cut))
+
+
+def revisit_miss_fraction(live_bytes, l2_bytes, causal):
+    """Fraction of the re-visits of a unit's private rows that miss when the units in flight cycle through
+    ``live_bytes`` of them between two visits (FlashAttention-1's Q_i, O_i, l_i, m_i, one visit per K/V tile):
+    all or none without a mask; with a causal mask the live set at K/V tile j shrinks as (1 − j/Tc) and the
+    visits with it, so the visits of the tiles j < Tc·(1 − L2/live) miss: a fraction 1 − (L2/live)²."""
+    live, l2 = np.asarray(live_bytes, dtype=float), np.asarray(l2_bytes, dtype=float)
+    full = np.where(live <= l2, 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shrinking = np.where(live <= l2, 0.0, 1.0 - (l2 / np.where(live > 0, live, 1)) ** 2)
+    return np.where(np.asarray(causal, dtype=bool), shrinking, full)
 
 
 def resident(nbytes, l2_bytes):
