@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..hardware import HardwareSpec
 from .ledger import Cost, kernel
 from .reuse import pass_hit_fraction, resident, revisit_miss_fraction, shared_operand_reads
 from .sizes import check_gqa, check_product, check_sizes
@@ -34,7 +35,9 @@ def _attention_sizes(B, Hq, Hkv, Nq, Nk, d, elem_bytes):
 
 
 def _sram(hw, sram_bytes):
-    """The SRAM per SM: given, else the spec's."""
+    """The SRAM per SM: given, else the spec's (``hw`` checked: None or a HardwareSpec)."""
+    if hw is not None and not isinstance(hw, HardwareSpec):
+        raise TypeError(f"hw must be a simulator.hardware.HardwareSpec (or None: no shared cache); got {hw!r}")
     if sram_bytes is None and hw is not None:
         return hw.sram_per_sm_bytes
     return sram_bytes

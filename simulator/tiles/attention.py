@@ -39,6 +39,17 @@ def _shapes(q, k, v, Br, Bc, sram_bytes=1, elem_bytes=1):
     return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv, min(Br, Nq), min(Bc, Nk)
 
 
+def _machine(sram_bytes, l2_bytes, concurrent) -> Machine:
+    """The machine of a schedule: ``l2_bytes`` a whole number >= 0 (0: no shared cache), ``concurrent`` the units
+    in flight, a whole number >= 1 or a {kernel name: whole number >= 1} mapping."""
+    l2, = check_sizes(minimum=0, l2_bytes=l2_bytes)
+    if isinstance(concurrent, dict):
+        counts = {str(name): int(check_sizes(concurrent=c)[0]) for name, c in concurrent.items()}
+    else:
+        counts = int(check_sizes(concurrent=concurrent)[0])
+    return Machine(sram_bytes, l2_bytes=int(l2), concurrent=counts)
+
+
 def _visible(r0, br, group, c0, c1, offset, causal):
     """(rows, bc) mask of the keys c0..c1-1 each packed row may see (row r is query r0 + r % br)."""
     rows_q = r0 + np.arange(group * br) % br
@@ -60,7 +71,7 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = Machine(sram_bytes, l2_bytes=int(l2_bytes), concurrent=concurrent)
+    mach = _machine(sram_bytes, l2_bytes, concurrent)
     mach.kernel("flash2_fwd")
     o = np.zeros(q.shape)
     lse = np.full(q.shape[:-1], -np.inf)
@@ -109,7 +120,7 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = Machine(sram_bytes, l2_bytes=int(l2_bytes), concurrent=concurrent)
+    mach = _machine(sram_bytes, l2_bytes, concurrent)
     mach.kernel("flash1_fwd")
     o, l_hbm, m_hbm = np.empty(q.shape), np.empty(q.shape[:-1]), np.empty(q.shape[:-1])
     # line 2: initialize O = 0, l = 0, m = −inf in HBM
@@ -171,7 +182,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = Machine(sram_bytes, l2_bytes=int(l2_bytes), concurrent=concurrent)
+    mach = _machine(sram_bytes, l2_bytes, concurrent)
     s_hbm = np.empty((B, Hq, Nq, Nk))
     p_hbm = np.empty((B, Hq, Nq, Nk))
     o = np.zeros(q.shape)
