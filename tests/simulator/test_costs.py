@@ -99,7 +99,7 @@ def test_decode_reads_the_kept_cache_once():
 def test_int8_split_moves_a_quarter_of_the_fp32_weight():
     dense32 = costs.dense(1, 4096, 4096, elem_bytes=4, flop_kind="fp32")
     split = costs.int8_split(1, 4096, 4096, 0)
-    assert split.reads["W_i8"] * 4 == dense32.reads["W"]
+    assert split.dram_reads["W_i8"] * 4 == dense32.dram_reads["W"]
     with_outliers = costs.int8_split(1, 4096, 4096, 8)
     assert with_outliers.reads["W_i8"] == split.reads["W_i8"]  # the same rows, split in two GEMMs
     assert with_outliers.flops == split.flops
@@ -124,7 +124,8 @@ def test_roofline_time_names_the_bound():
     assert timing.seconds == pytest.approx(2 * 8192**3 / 312e12 + 5e-6)
     # the same GEMM with every tile from DRAM (no L2 reuse) moves 64x the bytes of X and W
     tiled = costs.dense(8192, 8192, 8192, reuse="tiled")
-    assert tiled.reads["X"] == 64 * gemm.reads["X"] and tiled.reads["W"] == 64 * gemm.reads["W"]
+    assert tiled.dram_reads["X"] == 64 * gemm.dram_reads["X"] and tiled.dram_reads["W"] == 64 * gemm.dram_reads["W"]
+    assert dict(tiled.reads) == dict(gemm.reads)  # the tile loads are the same either way
     gemv = costs.dense(1, 4096, 4096).time(hw)
     assert gemv.kernels[0].bound == "dram"
 
