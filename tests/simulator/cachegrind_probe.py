@@ -27,7 +27,8 @@ def main(argv) -> None:
         scratch.sum()  # every line of the cache now holds scratch
         if repeat < calls:
             out = kernels.attention(q, k, v, algorithm="flash", block_q=br, block_k=bc)
-    print("checksum", float(np.asarray(out).sum()))
+    # nothing reads the output afterwards: a read of it here would add misses to one run only
+    print("shape", np.shape(out))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ cache — write misses included, since cachegrind's cache allocates on a write (
 outputs the model writes once are the lines those write misses bring in).
 
 The cost model for the same schedule — the kernel's tiles, passed explicitly, one unit in flight (one thread), a
-shared cache of the simulated size — must agree within 15%: one configuration whose K and V fit the cache (read
-once) and one whose K and V do not (re-read by every query block).
+shared cache of the simulated size — must agree within 15% on the bytes read from DRAM: one configuration whose K
+and V fit the cache (read once) and one whose K and V do not (re-read by every query block). The write misses
+must cover the outputs the model writes (they also hold the first touches of freshly allocated buffers, which
+vary with the allocator). The probe reads nothing of the output after its calls: a checksum of the output, read
+once after the last call, added half its misses to each call's count (+17% at 1 MB per call).
 
 Opt-in: valgrind runs the kernel about fifty times slower (some minutes of one core), so the test runs only with
 IOAWARE_CACHEGRIND=1. Numba compiles for a fixed CPU (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``: AVX2, which
@@ -31,8 +34,10 @@ LINE = 64  # cachegrind's --LL line size below
 TOLERANCE = 0.15
 FEATURES = ("+64bit,+aes,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+fsgsbase,+lzcnt,+mmx,+movbe,+pclmul,"
             "+popcnt,+rdrnd,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
-# (N, d, H, Br, Bc, last-level bytes): K and V of a head fit (2·256·64·4 B in 2 MiB), or do not (1024 rows, 256 KiB)
-CASES = [(256, 64, 4, 64, 64, 2 << 20), (1024, 64, 2, 64, 64, 256 << 10)]
+# (N, d, H, Br, Bc, last-level bytes): K and V of a head fit (2·512·64·4 B in 2 MiB, the 4 MiB of all heads do
+# not), or do not (1024 rows, 256 KiB). Megabytes per call, so that the allocator's noise in the difference of two
+# whole-process runs (~0.1 MB) stays small beside it
+CASES = [(512, 64, 8, 64, 64, 2 << 20), (1024, 64, 2, 64, 64, 256 << 10)]
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("IOAWARE_CACHEGRIND") != "1" or shutil.which("valgrind") is None,
@@ -67,5 +72,10 @@ def test_cachegrind_counts_what_the_cost_model_predicts(case, tmp_path):
     one_thread = hardware.replace(hardware.load("H100-SXM"), name="cachegrind", kind="cpu", sm_count=1,
                                   l2_bytes=ll, compute_capability="")
     cost = costs.flash2_forward(1, h, h, n, n, d, elem_bytes=4, Br=br, Bc=bc, hw=one_thread)
-    assert measured[0] == pytest.approx(float(cost.dram_bytes), rel=TOLERANCE)
+    print(f"cachegrind bytes per call: {measured[0]:.0f} ({measured[1]:.0f} read, {measured[2]:.0f} write misses); "
+          f"cost model DRAM bytes {float(cost.dram_bytes):.0f} ({float(cost.dram_read_bytes):.0f} read, "
+          f"{float(cost.dram_write_bytes):.0f} written)")
     assert measured[1] == pytest.approx(float(cost.dram_read_bytes), rel=TOLERANCE)
+    # a write miss allocates a line: the outputs' lines are among them, and so are the first touches of the
+    # buffers the call allocates (its output, lse, the tasks' tiles), which the model does not count as traffic
+    assert measured[2] >= (1 - TOLERANCE) * float(cost.dram_write_bytes)
