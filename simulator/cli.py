@@ -202,11 +202,11 @@ def _hardware_cmd(args) -> int:
     from .hardware import load, preset_names
 
     specs = [load(name) for name in preset_names()] + [cpu_spec(force=args.recalibrate)]
-    header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",
+    header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "L2 GB/s", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",
               "fp16 TFLOP/s", "int8 TOP/s", "launch us"]
     rows = [[s.name, f"{s.hbm_bytes / 1e9:.0f}", f"{s.hbm_bandwidth / 1e9:.0f}", f"{s.l2_bytes / 2**20:.0f}",
-             f"{s.sram_per_sm_bytes / 1024:.0f}", s.sm_count, f"{s.fp32_flops / 1e12:.2f}",
-             f"{s.fp16_flops / 1e12:.2f}", f"{s.int8_ops / 1e12:.2f}", f"{s.launch_overhead_s * 1e6:.1f}"]
+             f"{s.l2_bandwidth / 1e9:.0f}" if s.l2_bandwidth else "n/a", f"{s.sram_per_sm_bytes / 1024:.0f}",
+             s.sm_count, f"{s.fp32_flops / 1e12:.2f}", f"{s.fp16_flops / 1e12:.2f}", f"{s.int8_ops / 1e12:.2f}", f"{s.launch_overhead_s * 1e6:.1f}"]
             for s in specs]
     print(_format_table(header, rows))
     print(f"\n'cpu' was calibrated on {specs[-1].measured_on} (measured, cached; --recalibrate measures again).")
