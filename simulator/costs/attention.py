@@ -201,7 +201,9 @@ def flash2_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
         private = c * group * Br * (2 * d * e + STAT_BYTES)  # Q_i, O_i and lse_i of the units in a wave
         # a causal block sees only the keys up to its diagonal: a wave's blocks touch sum_keys / Tr keys each on
         # average (all Nk without a mask)
-        times = shared_operand_reads(B * Hkv, tr, c, 2 * d * e * sum_keys / tr, private, hw.l2_bytes, hw.kind)
+        # (a CPU thread runs a head's blocks one after another: the reuse chain reaches the last block's keys, Nk)
+        keys_live = sum_keys / tr if hw.kind == "gpu" else Nk
+        times = shared_operand_reads(B * Hkv, tr, c, 2 * d * e * keys_live, private, hw.l2_bytes, hw.kind)
         # each read brings the keys its span of blocks sees: all Nk, or with a causal mask up to the span's last
         # block's diagonal — over s spans of a head, Nk·(s + 1)/2 rows
         reads_of_nk = np.where(causal, (times + B * Hkv) / 2, times)

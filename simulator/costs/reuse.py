@@ -33,20 +33,40 @@ def waves_spanned(n_groups, units_per_group, concurrent):
     return last - first + g
 
 
+def thread_rounds_groups(n_groups, units_per_group, threads):
+    """Σ over rounds r of the groups the threads' r-th units fall in, when T threads each take a contiguous share
+    of S = ceil(U/T) of the U = G·u units (round r runs units t·S + r together): U when S >= u (every unit its own
+    group in its round); else the groups between a round's first and last unit, floor((last)/u) − floor(r/u) + 1,
+    summed with floor sums (the last thread's share may be short by some units)."""
+    g, u, c = (np.asarray(x, dtype=np.int64) for x in (n_groups, units_per_group, threads))
+    total = g * u
+    share = cdiv(total, c)
+    busy = cdiv(total, share)  # threads with a share at all (fewer than T when U is small)
+    full = np.clip(total - (busy - 1) * share, 0, share)  # rounds in which every busy thread has a unit
+    first = floor_sum(share, u, 1, 0)
+    with_all = floor_sum(full, u, 1, (busy - 1) * share)
+    short = floor_sum(share - full, u, 1, np.maximum(busy - 2, 0) * share + full)
+    spread = with_all + short - first + share
+    return np.where(share >= u, total, spread)
+
+
 def shared_operand_reads(n_groups, units_per_group, concurrent, group_bytes, other_wave_bytes, l2_bytes, kind):
     """How many times each group's operand (``group_bytes``, e.g. K and V of one head) is read from DRAM in all,
     as a count of whole group reads (an array for a sweep).
 
     GPU (``kind="gpu"``): once per group if the bytes one wave touches — the operands of the groups it covers (on
     average: the (wave, group) incidences over the waves) plus ``other_wave_bytes`` (its units' private tiles,
-    Q_i and O_i) — fit in ``l2_bytes``; else once per wave the group spans. CPU: once per group if ``concurrent`` groups' operands plus the private tiles fit, else once per
-    unit (every task streams the whole operand again).
+    Q_i and O_i) — fit in ``l2_bytes``; else once per wave the group spans. CPU: once per group if the groups a
+    round of the threads touches fit, else once per (round, group) (``thread_rounds_groups``: every task streams
+    the operand again, threads on the same group sharing it).
     """
     g, u, c = (np.asarray(x, dtype=np.int64) for x in (n_groups, units_per_group, concurrent))
     group_bytes = np.asarray(group_bytes)
     if kind == "cpu":
-        live = np.minimum(c, g) * group_bytes + other_wave_bytes
-        return np.where(live <= l2_bytes, g, g * u)
+        rounds = cdiv(g * u, c)  # each thread's contiguous share of the units
+        incidences = thread_rounds_groups(g, u, c)
+        live = incidences / rounds * group_bytes + other_wave_bytes
+        return np.where(live <= l2_bytes, g, incidences)
     spans = waves_spanned(g, u, c)
     groups_per_wave = spans / cdiv(g * u, c)  # (wave, group) incidences per wave: the average a wave touches
     live = groups_per_wave * group_bytes + other_wave_bytes

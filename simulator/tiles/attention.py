@@ -1,4 +1,5 @@
-"""Attention schedules on the ``Machine`` (SRAM, an optional LRU shared cache, DRAM): standard (S and P spilled to HBM), FlashAttention-1 and -2
+"""Attention schedules on the ``Machine`` (SRAM, an optional LRU shared cache, DRAM): standard (S and P spilled to
+HBM), FlashAttention-1 and -2
 forward (causal too, bottom-right aligned), and decode against a full or pruned KV cache.
 
 Each returns a ``SimResult`` with the real output, so tests can hold it against the float64 oracle: the counted
@@ -39,15 +40,16 @@ def _shapes(q, k, v, Br, Bc, sram_bytes=1, elem_bytes=1):
     return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv, min(Br, Nq), min(Bc, Nk)
 
 
-def _machine(sram_bytes, l2_bytes, concurrent) -> Machine:
+def _machine(sram_bytes, l2_bytes, concurrent, schedule="waves") -> Machine:
     """The machine of a schedule: ``l2_bytes`` a whole number >= 0 (0: no shared cache), ``concurrent`` the units
-    in flight, a whole number >= 1 or a {kernel name: whole number >= 1} mapping."""
+    in flight, a whole number >= 1 or a {kernel name: whole number >= 1} mapping; ``schedule`` 'waves' (GPU) or
+    'chunks' (CPU threads, see ``Machine``)."""
     l2, = check_sizes(minimum=0, l2_bytes=l2_bytes)
     if isinstance(concurrent, dict):
         counts = {str(name): int(check_sizes(concurrent=c)[0]) for name, c in concurrent.items()}
     else:
         counts = int(check_sizes(concurrent=concurrent)[0])
-    return Machine(sram_bytes, l2_bytes=int(l2), concurrent=counts)
+    return Machine(sram_bytes, l2_bytes=int(l2), concurrent=counts, schedule=schedule)
 
 
 def _visible(r0, br, group, c0, c1, offset, causal):
@@ -66,12 +68,12 @@ def _n_tiles(r0, br, nk, bc, offset, causal):
 
 
 def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0,
-                   concurrent=1) -> SimResult:
+                   concurrent=1, schedule="waves") -> SimResult:
     """FlashAttention-2 forward (Dao 2023, Algorithm 1): Q_i stays on chip, K_j and V_j stream past it."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = _machine(sram_bytes, l2_bytes, concurrent)
+    mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     mach.kernel("flash2_fwd")
     o = np.zeros(q.shape)
     lse = np.full(q.shape[:-1], -np.inf)
@@ -114,13 +116,13 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
 
 
 def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0,
-                   concurrent=1) -> SimResult:
+                   concurrent=1, schedule="waves") -> SimResult:
     """FlashAttention-1 forward (Dao et al. 2022, Algorithm 1): K_j, V_j stay on chip while every query block
     that sees them is loaded with its O_i, l_i, m_i from HBM, updated, and written back."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = _machine(sram_bytes, l2_bytes, concurrent)
+    mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     mach.kernel("flash1_fwd")
     o, l_hbm, m_hbm = np.empty(q.shape), np.empty(q.shape[:-1]), np.empty(q.shape[:-1])
     # line 2: initialize O = 0, l = 0, m = −inf in HBM
@@ -175,14 +177,14 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
 
 
 def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None,
-                     separate_mask=False, l2_bytes=0, concurrent=1) -> SimResult:
+                     separate_mask=False, l2_bytes=0, concurrent=1, schedule="waves") -> SimResult:
     """Standard attention: S = QKᵀ tile by tile to HBM; [a separate mask pass]; a softmax over S rows to P
     (one read of a row when its float32 copy fits in SRAM, else an online max/sum pass and a normalizing pass);
     O = P V tile by tile."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = _machine(sram_bytes, l2_bytes, concurrent)
+    mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     s_hbm = np.empty((B, Hq, Nq, Nk))
     p_hbm = np.empty((B, Hq, Nq, Nk))
     o = np.zeros(q.shape)
@@ -275,7 +277,8 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
     return SimResult(o, None, mach)
 
 
-def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0, concurrent=1) -> SimResult:
+def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0, concurrent=1,
+           schedule="waves") -> SimResult:
     """One decode step: q (B, Hq, 1, d) against the cache k, v (B, Hkv, N, d), or against the positions ``kept``
     (B, Hkv, C) of a pruned cache, which lives compacted in HBM (pruning happened once, at prefill, uncounted)."""
     if kept is not None:
@@ -283,4 +286,4 @@ def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None, l2_b
         k = np.take_along_axis(k, kept[..., None], axis=2)
         v = np.take_along_axis(v, kept[..., None], axis=2)
     return flash2_forward(q, k, v, causal=True, Br=1, Bc=Bc, sram_bytes=sram_bytes, elem_bytes=elem_bytes,
-                          scale=scale, l2_bytes=l2_bytes, concurrent=concurrent)
+                          scale=scale, l2_bytes=l2_bytes, concurrent=concurrent, schedule=schedule)

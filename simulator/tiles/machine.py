@@ -58,6 +58,7 @@ class Machine:
     l2_bytes: int = 0  # the shared cache; 0: none
     concurrent: object = 1  # units in flight: an int, or {kernel name: int}
     line_bytes: int = 32  # L2 <-> DRAM granule (a 32-byte sector; CUDA C++ Best Practices Guide, "Coalesced Access")
+    schedule: str = "waves"  # "waves" (GPU CTAs) or "chunks" (CPU threads, each a contiguous share of the units)
     reads: dict = field(default_factory=dict)
     writes: dict = field(default_factory=dict)
     flops: int = 0
@@ -69,6 +70,10 @@ class Machine:
     _unit: object = None
     _step: int = 0
     _replayed: tuple | None = None
+
+    def __post_init__(self):
+        if self.schedule not in ("waves", "chunks"):
+            raise ValueError(f"schedule must be 'waves' or 'chunks'; got {self.schedule!r}")
 
     def kernel(self, name: str) -> None:
         """Start a new kernel: SRAM does not survive a kernel boundary (the shared cache does)."""
@@ -149,7 +154,9 @@ class Machine:
 
     def _order(self):
         """The accesses in the order the shared cache sees them: per kernel, accesses outside any unit in program
-        order; the units' in waves of ``concurrent`` consecutive units, lockstep by step within a wave."""
+        order; the units' in waves of ``concurrent`` consecutive units, lockstep by step within a wave — or, with
+        ``schedule="chunks"``, ``concurrent`` threads each taking a contiguous share of the units (Numba's static
+        prange schedule), the threads' current units in lockstep by step."""
         out, i, acc = [], 0, self._accesses
         while i < len(acc):
             kernel, unit = acc[i][0], acc[i][1]
@@ -164,8 +171,14 @@ class Machine:
                 for a in acc[i:j]:
                     by_unit.setdefault(a[1], []).append(a)
                 units = list(by_unit.values())
-                for w in range(0, len(units), max(1, int(c))):
-                    wave = units[w:w + max(1, int(c))]
+                c = max(1, int(c))
+                if self.schedule == "chunks":  # round r runs the r-th unit of every thread's share together
+                    share = -(-len(units) // c)
+                    shares = [units[t * share:(t + 1) * share] for t in range(c)]
+                    groups = [[sh[r] for sh in shares if r < len(sh)] for r in range(share)]
+                else:
+                    groups = [units[w:w + c] for w in range(0, len(units), c)]
+                for wave in groups:
                     steps = max(a[2] for u in wave for a in u)
                     per_step = [[[] for _ in range(steps + 1)] for _ in wave]
                     for k, u in enumerate(wave):
