@@ -19,7 +19,8 @@ import numpy as np
 
 from ..hardware import HardwareSpec
 from .ledger import Cost, kernel
-from .reuse import pass_hit_fraction, resident, revisit_miss_fraction, shared_operand_reads
+from .reuse import (causal_chain_rows, pass_hit_fraction, resident, revisit_miss_fraction,
+                    shared_operand_reads, thread_rounds_groups)
 from .sizes import check_gqa, check_product, check_sizes
 from .tile_shapes import TILE_RULES, implemented_tiles
 from .tiling import STAT_BYTES, causal_tile_sums, cdiv, flash_sram_bytes, flash_tiles, visible_pairs
@@ -208,6 +209,13 @@ def flash2_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
         # block's diagonal — over s spans of a head, Nk·(s + 1)/2 rows
         reads_of_nk = np.where(causal, (times + B * Hkv) / 2, times)
         kv_dram = np.minimum(kv_tiled, reads_of_nk * Nk * d * e)
+        if hw.kind == "cpu" and np.any(causal):
+            # a thread's blocks of a head re-use the keys below the diagonal while those of the heads in flight
+            # fit (reuse.causal_chain_rows)
+            per_round = thread_rounds_groups(B * Hkv, tr, c) / cdiv(B * Hkv * tr, c)
+            threshold = (hw.l2_bytes - private) / (per_round * 2 * d * e)
+            chain = B * Hkv * causal_chain_rows(Nq, Nk, Br, Bc, threshold) * d * e
+            kv_dram = np.where(causal, np.minimum(kv_tiled, chain), kv_dram)
         dram_reads = {"Q": reads["Q"], "K": kv_dram, "V": kv_dram}
     k = kernel("flash2_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys,
                sram_peak_bytes=sram_peak, dram_reads=dram_reads)

@@ -99,6 +99,22 @@ def revisit_miss_fraction(live_bytes, l2_bytes, causal):
     return np.where(np.asarray(causal, dtype=bool), shrinking, full)
 
 
+def causal_chain_rows(nq, nk, br, bc, threshold_rows):
+    """Key rows one CPU thread reads from DRAM for one head under a causal mask, running its query blocks in
+    order: block i sees keys_i = min(Nk, Bc·ceil(((i+1)·Br + Nk − Nq) / Bc)) rows; block i+1 finds block i's keys
+    in the shared cache while ``threshold_rows`` rows of them fit, so it reads only its new keys then, and all of
+    them after. Total: keys_last + Σ over blocks i < Tr − 1 with keys_i > threshold of keys_i. Vectorized over a
+    sweep (a loop over the blocks of the longest configuration)."""
+    nq, nk, br, bc = (np.asarray(x, dtype=np.int64) for x in (nq, nk, br, bc))
+    threshold = np.asarray(threshold_rows, dtype=float)
+    tr = cdiv(nq, br)
+    total = np.minimum(nk, np.asarray(nk)).astype(float)  # the last block sees every key
+    for i in range(int(np.max(tr)) - 1):
+        keys = np.minimum(nk, bc * cdiv(np.maximum(0, (i + 1) * br + nk - nq), bc))
+        total = total + np.where((i < tr - 1) & (keys > threshold), keys, 0)
+    return total
+
+
 def resident(nbytes, l2_bytes):
     """Whether a tensor written (or read) by one kernel is still in the shared cache when the next reads it: the
     model keeps it when it and what was touched in between (``nbytes``) fit."""

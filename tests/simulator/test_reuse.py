@@ -107,23 +107,26 @@ def test_backward_dq_accumulator_rereads_are_served_by_l2_when_they_fit():
 
 
 # the CPU kernel's schedule: T threads, each a contiguous share of the (batch, kv head, query block) tasks (Numba's
-# static prange), against the simulator's "chunks" replay. Without a mask the analytic count is exact on this grid;
-# with a causal mask it is not modelled closely yet (a thread's consecutive blocks of a head re-use the keys below
-# the diagonal only while that prefix fits; the analytic count charges every block all its keys once the full
-# K/V of the heads in flight no longer fit: up to +89% on this grid), so the causal case is not held here.
-CPU_GRID = list(itertools.product([(1, 4, 4), (2, 4, 2), (1, 2, 2)], [128, 192], [1, 2, 4], [4096, 16384, 1 << 20]))
+# static prange), against the simulator's "chunks" replay. Without a mask the analytic count is exact on this grid,
+# and with a causal mask too while each head has its own thread. With more threads than heads under a causal mask
+# (threads then share a head's blocks in lockstep, which the causal chain of reuse.causal_chain_rows does not
+# count) it over-counts by up to 30% on this grid: those cases are left out here.
+CPU_GRID = [c for c in itertools.product([(1, 4, 4), (2, 4, 2), (1, 2, 2)], [128, 192], [1, 2, 4],
+                                         [4096, 16384, 1 << 20], [False, True])
+            if not (c[4] and c[2] > c[0][0] * c[0][2])]
 
 
-@pytest.mark.parametrize("case", CPU_GRID, ids=lambda c: f"B{c[0][0]}H{c[0][1]}/{c[0][2]}-N{c[1]}-T{c[2]}-L2{c[3]}")
+@pytest.mark.parametrize("case", CPU_GRID, ids=lambda c: f"B{c[0][0]}H{c[0][1]}/{c[0][2]}-N{c[1]}-T{c[2]}-L2{c[3]}"
+                         f"-{'causal' if c[4] else 'full'}")
 def test_cpu_threads_schedule_matches_the_lru_shared_cache(rng, case):
-    (b, hq, hkv), n, threads, l2 = case
+    (b, hq, hkv), n, threads, l2, causal = case
     d, br, bc = 16, 16, 16
     cpu = replace(BASE, kind="cpu", sm_count=threads, sram_per_sm_bytes=10**6, l2_bytes=l2, compute_capability="")
-    cost = costs.flash2_forward(b, hq, hkv, n, n, d, Br=br, Bc=bc, hw=cpu)
+    cost = costs.flash2_forward(b, hq, hkv, n, n, d, causal=causal, Br=br, Bc=bc, hw=cpu)
     q = rng.standard_normal((b, hq, n, d))
     k, v = (rng.standard_normal((b, hkv, n, d)) for _ in range(2))
-    machine = tiles.flash2_forward(q, k, v, Br=br, Bc=bc, sram_bytes=10**6, l2_bytes=l2, concurrent=threads,
-                                   schedule="chunks").machine
+    machine = tiles.flash2_forward(q, k, v, causal=causal, Br=br, Bc=bc, sram_bytes=10**6, l2_bytes=l2,
+                                   concurrent=threads, schedule="chunks").machine
     assert float(cost.dram_bytes) == pytest.approx(machine.dram_read_bytes + machine.dram_write_bytes,
                                                    rel=TOLERANCE)
 
