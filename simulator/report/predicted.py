@@ -128,7 +128,7 @@ def plot_bytes_by_tensor(csv_path, png_path) -> None:
             ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("Bytes per attention forward by tensor: SRAM <-> L2 (light, left) beside L2 <-> DRAM (dark, "
                  "right); linear scale per panel")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.12 / len(machines), 1, 1))  # room for the legend below the tick labels
     fig.legend(loc="lower center", ncol=len(TENSORS), fontsize=9, title="tensor")
     save(fig, png_path)
 
