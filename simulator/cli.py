@@ -119,22 +119,51 @@ def _mb(x):
 
 
 def _cost_table(named_costs, hw):
-    """Per-tensor MB read+written, totals, FLOPs, SRAM and predicted time, one column per algorithm."""
+    """Per-tensor MB at both levels (SRAM<->L2 / L2<->DRAM), totals, FLOPs, SRAM and the roofline over the levels,
+    one column per algorithm."""
     names = list(named_costs)
     tensors = list(dict.fromkeys(t for c in named_costs.values() for t in list(c.reads) + list(c.writes)))
     rows = []
     for tensor in tensors:
-        rows.append([f"{tensor} MB (read+write)"] + [
-            _mb(int(c.reads.get(tensor, 0)) + int(c.writes.get(tensor, 0))) for c in named_costs.values()])
+        rows.append([f"{tensor} MB L2 / DRAM"] + [
+            f"{_mb(int(c.reads.get(tensor, 0)) + int(c.writes.get(tensor, 0)))} / "
+            f"{_mb(int(c.dram_reads.get(tensor, 0)) + int(c.dram_writes.get(tensor, 0)))}"
+            for c in named_costs.values()])
     timings = {name: c.time(hw) for name, c in named_costs.items()}
-    rows += [["HBM read MB"] + [_mb(c.hbm_read_bytes) for c in named_costs.values()],
-             ["HBM write MB"] + [_mb(c.hbm_write_bytes) for c in named_costs.values()],
+
+    def total_us(name, attribute):
+        return f"{sum(float(getattr(k, attribute)) for k in timings[name].kernels) * 1e6:.1f}"
+
+    l2_known = bool(getattr(hw, "l2_bandwidth", 0))
+    rows += [["SRAM<->L2 MB"] + [_mb(c.l2_traffic_bytes) for c in named_costs.values()],
+             ["L2<->DRAM MB"] + [_mb(c.dram_bytes) for c in named_costs.values()],
+             ["DRAM read MB"] + [_mb(c.dram_read_bytes) for c in named_costs.values()],
+             ["DRAM write MB"] + [_mb(c.dram_write_bytes) for c in named_costs.values()],
              ["GFLOP executed"] + [f"{float(c.flops) / 1e9:.2f}" for c in named_costs.values()],
              ["SRAM peak KiB"] + [f"{float(c.sram_peak_bytes) / 1024:.1f}" for c in named_costs.values()],
+             ["Br x Bc"] + [f"{int(c.params['Br'])}x{int(c.params['Bc'])}" if "Br" in c.params else "-"
+                            for c in named_costs.values()],
              ["kernels"] + [str(len(c.kernels)) for c in named_costs.values()],
+             ["compute us"] + [total_us(n, "compute_s") for n in names],
+             ["L2 us"] + [total_us(n, "l2_s") if l2_known else "n/a" for n in names],
+             ["DRAM us"] + [total_us(n, "dram_s") for n in names],
              ["predicted us"] + [f"{float(timings[n].seconds) * 1e6:.1f}" for n in names],
              ["bound"] + ["+".join(sorted({str(k.bound) for k in timings[n].kernels})) for n in names]]
     return _format_table(["", *names], rows)
+
+
+def _default_tiles(hw) -> str:
+    """flash-attn's tiles on the GPUs flash-attn 2 runs on (what 'FlashAttention-2' runs there), this library's
+    CPU kernel's on the CPU, the paper's rule elsewhere."""
+    if hw.kind == "cpu":
+        return "ioaware"
+    cc = getattr(hw, "compute_capability", "")
+    return "flash-attn" if cc and float(cc) >= 8.0 else "paper"
+
+
+TILE_REASONS = {"paper": "FlashAttention's Br <= d rule (the analysis, not a shipped kernel)",
+                "flash-attn": "the block sizes flash-attn 2.x's forward picks for this head dim and architecture",
+                "ioaware": "this library's own kernel's tiles on this machine"}
 
 
 def _costs(args) -> int:
@@ -148,11 +177,14 @@ def _costs(args) -> int:
             print(f"error: --heads {args.heads} is not a multiple of --kv-heads {kv_heads}", file=sys.stderr)
             return 2
         shape = (args.batch, args.heads, kv_heads, args.n, args.n, args.d)
-        kw = dict(causal=args.causal, elem_bytes=e, sram_bytes=hw.sram_per_sm_bytes)
+        tiles = args.tiles or _default_tiles(hw)
+        kw = dict(causal=args.causal, elem_bytes=e, hw=hw)
         named = {"standard": costs.standard_forward(*shape, **kw), "flash1": costs.flash1_forward(*shape, **kw),
-                 "flash2": costs.flash2_forward(*shape, **kw)}
+                 "flash2": costs.flash2_forward(*shape, tiles=tiles, **kw)}
         title = (f"attention forward, B={args.batch}, heads={args.heads}/{kv_heads}, N={args.n}, d={args.d}, "
-                 f"{args.dtype}{', causal' if args.causal else ''}, on {hw.name}")
+                 f"{args.dtype}{', causal' if args.causal else ''}, on {hw.name} (L2 {hw.l2_bytes / 2**20:.0f} MiB)"
+                 f"\nflash2 tiles: {tiles} ({TILE_REASONS[tiles]}); flash1: the paper's rule; standard: square "
+                 f"GEMM tiles")
     else:
         if args.outliers > args.k:
             print(f"error: --outliers {args.outliers} exceeds the hidden size --k {args.k}", file=sys.stderr)
@@ -170,11 +202,11 @@ def _hardware_cmd(args) -> int:
     from .hardware import load, preset_names
 
     specs = [load(name) for name in preset_names()] + [cpu_spec(force=args.recalibrate)]
-    header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",
+    header = ["name", "DRAM GB", "DRAM GB/s", "L2 MiB", "L2 GB/s", "SRAM/SM KiB", "SMs/cores", "fp32 TFLOP/s",
               "fp16 TFLOP/s", "int8 TOP/s", "launch us"]
     rows = [[s.name, f"{s.hbm_bytes / 1e9:.0f}", f"{s.hbm_bandwidth / 1e9:.0f}", f"{s.l2_bytes / 2**20:.0f}",
-             f"{s.sram_per_sm_bytes / 1024:.0f}", s.sm_count, f"{s.fp32_flops / 1e12:.2f}",
-             f"{s.fp16_flops / 1e12:.2f}", f"{s.int8_ops / 1e12:.2f}", f"{s.launch_overhead_s * 1e6:.1f}"]
+             f"{s.l2_bandwidth / 1e9:.0f}" if s.l2_bandwidth else "n/a", f"{s.sram_per_sm_bytes / 1024:.0f}",
+             s.sm_count, f"{s.fp32_flops / 1e12:.2f}", f"{s.fp16_flops / 1e12:.2f}", f"{s.int8_ops / 1e12:.2f}", f"{s.launch_overhead_s * 1e6:.1f}"]
             for s in specs]
     print(_format_table(header, rows))
     print(f"\n'cpu' was calibrated on {specs[-1].measured_on} (measured, cached; --recalibrate measures again).")
@@ -216,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_report)
 
     cost = commands.add_parser("costs", help="one configuration's cost table, algorithms side by side",
-                               description="Per-tensor HBM bytes, FLOPs, SRAM and predicted time of each algorithm.")
+                               description="Per-tensor bytes at each level (SRAM<->L2, L2<->DRAM), FLOPs, SRAM and "
+                                           "predicted time of each algorithm.")
     what = cost.add_subparsers(dest="what", required=True, metavar="WHAT")
     attn = what.add_parser("attention", help="standard vs FlashAttention-1 vs -2 forward",
                            description="Attention forward: standard vs FlashAttention-1 vs FlashAttention-2.")
@@ -226,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     attn.add_argument("--kv-heads", type=_positive, help="key/value heads (GQA; default: --heads)")
     attn.add_argument("--batch", type=_positive, default=1, help="batch size (default 1)")
     attn.add_argument("--causal", action="store_true", help="causal mask")
+    attn.add_argument("--tiles", choices=("paper", "flash-attn", "ioaware"),
+                      help="FlashAttention-2's tile shapes: the paper's rule, flash-attn's, or this library's kernel's "
+                           "(default: flash-attn on Ampere and newer GPUs, ioaware on the CPU, else paper)")
     mm = what.add_parser("matmul", help="dense vs LLM.int8() split matmul",
                          description="Y = X·W: dense vs the LLM.int8() split matmul.")
     mm.add_argument("--m", type=_positive, default=1, help="rows of X (tokens; default 1)")

@@ -139,7 +139,22 @@ def cases():
             kwargs = {"Br": 8, "Bc": 8, "sram_bytes": 2**20, name: value}
             out.append((f"tiles.flash2_forward:{name}={label}", tiles.flash2_forward, (q64, k64, k64), kwargs, name,
                         None))
+    for label, value in BAD_INTS.items():  # the shared cache: 0 is none, so only the rest are bad
+        if label not in ("0", "2**70"):
+            kwargs = {"Br": 8, "Bc": 8, "sram_bytes": 2**20, "l2_bytes": value}
+            out.append((f"tiles.flash2_forward:l2_bytes={label}", tiles.flash2_forward, (q64, k64, k64), kwargs,
+                        "l2_bytes", None))
+        if label != "2**70":
+            kwargs = {"Br": 8, "Bc": 8, "sram_bytes": 2**20, "l2_bytes": 4096, "concurrent": value}
+            out.append((f"tiles.flash2_forward:concurrent={label}", tiles.flash2_forward, (q64, k64, k64), kwargs,
+                        "concurrent", None))
     sizes = {"B": 1, "Hq": 8, "Hkv": 2, "Nq": 64, "Nk": 64, "d": 16}
+    for label, value in {"str": "H100-SXM", "dict": {"l2_bytes": 1}, "3": 3}.items():
+        out.append((f"costs.flash2_forward:hw={label}", costs.flash2_forward, tuple(sizes.values()),
+                    {"hw": value}, "hw", None))
+    for label, value in BAD_CHOICES.items():
+        out.append((f"costs.flash2_forward:tiles={label}", costs.flash2_forward, tuple(sizes.values()),
+                    {"sram_bytes": 65536, "tiles": value}, "tiles", None))
     for fname, fn in (("costs.flash2_forward", costs.flash2_forward), ("costs.standard_forward",
                                                                         costs.standard_forward)):
         for name in sizes:

@@ -23,24 +23,25 @@ PROBES = ("flash", "int8", "flash-decode", "standard")  # in order of priority; 
 
 
 def predicted_bytes(probe: str, s: dict) -> float | None:
-    """The cost model's HBM bytes (read + written) of a probe on the H200 preset; None where it has no
-    counterpart (SnapKV's selection)."""
+    """The cost model's DRAM bytes (read + written, through the preset's L2) of a probe on the H200 preset; None
+    where it has no counterpart (SnapKV's selection)."""
     from .. import costs
     from ..hardware import load
 
     h200 = load("H200-SXM")
     if probe == "flash":
-        c = costs.flash2_forward(s["B"], s["Hq"], s["Hkv"], s["Nq"], s["Nk"], s["d"], elem_bytes=2, Br=64, Bc=64)
+        c = costs.flash2_forward(s["B"], s["Hq"], s["Hkv"], s["Nq"], s["Nk"], s["d"], elem_bytes=2, Br=64, Bc=64,
+                                hw=h200)
     elif probe == "flash-decode":
-        c = costs.decode(s["B"], s["Hq"], s["Hkv"], s["Nk"], s["d"], elem_bytes=2, Bc=64)
+        c = costs.decode(s["B"], s["Hq"], s["Hkv"], s["Nk"], s["d"], elem_bytes=2, Bc=64, hw=h200)
     elif probe == "standard":
         c = costs.standard_forward(s["B"], s["Hq"], s["Hkv"], s["Nq"], s["Nk"], s["d"], elem_bytes=2,
-                                   sram_bytes=h200.sram_per_sm_bytes)
+                                   hw=h200)
     elif probe == "int8":
         c = costs.int8_split(s["M"], s["K"], s["N"], s["outliers"], elem_bytes=4, out_bytes=4)
     else:
         return None
-    return float(c.hbm_read_bytes + c.hbm_write_bytes)
+    return float(c.dram_bytes)
 
 
 def parse_ncu_csv(text: str) -> tuple[float, float, int]:

@@ -36,8 +36,15 @@ _FIELDS = (
     ("int8_tops", "int8_ops", 1e12),
     ("launch_overhead_us", "launch_overhead_s", 1e-6),
 )
-# optional keys: a measured SRAM bandwidth (the CPU's caches) instead of the derived one, and when it was measured
-_OPTIONAL = (("sram_gb_per_s", "sram_bandwidth_measured", 1e9),)
+# optional keys: a measured SRAM bandwidth (the CPU's caches) instead of the derived one; the shared level's
+# (GPU L2, CPU last-level cache) bandwidth where a datasheet or a published microbenchmark gives one (absent or 0:
+# not known, and the roofline then has no L2 term); and when it was measured
+_OPTIONAL = (("sram_gb_per_s", "sram_bandwidth_measured", 1e9), ("l2_gb_per_s", "l2_bandwidth", 1e9))
+# CUDA C++ Programming Guide, "Features and Technical Specifications" table (compute capability 7.5 to 9.0):
+# 64 K 32-bit registers per SM, at most 32 resident blocks per SM on 8.0 / 9.0 (16 on 7.5 and 8.6 / 8.9, a bound
+# the shared memory reaches first for every tile this model uses)
+REGISTERS_PER_SM = 65536
+MAX_CTAS_PER_SM = 32
 FLOP_KINDS = ("fp32", "fp16", "bf16", "int8")
 
 
@@ -45,9 +52,11 @@ FLOP_KINDS = ("fp32", "fp16", "bf16", "int8")
 class HardwareSpec:
     """One machine's memory hierarchy and peak rates, in SI units.
 
-    ``sram_per_sm_bytes`` is the usable on-chip SRAM of one SM (shared memory; on a CPU, one core's L2) — the M of
-    FlashAttention's analysis. ``sm_count`` is SMs (GPU) or cores (CPU). A peak of 0 means the part lacks that
-    kind (T4 has no BF16).
+    Three levels: ``sram_per_sm_bytes`` is the usable on-chip SRAM of one SM (shared memory; on a CPU, one core's
+    L2) — the M of FlashAttention's analysis; ``l2_bytes`` and ``l2_bandwidth`` are the level all SMs (cores)
+    share — the GPU's L2, the CPU's last-level cache (``l2_bandwidth`` 0: not known); ``hbm_bytes`` and
+    ``hbm_bandwidth`` are DRAM (HBM, GDDR or the CPU's DRAM). ``sm_count`` is SMs (GPU) or cores (CPU). A peak
+    of 0 means the part lacks that kind (T4 has no BF16).
     """
 
     name: str
@@ -64,6 +73,8 @@ class HardwareSpec:
     int8_ops: float
     launch_overhead_s: float
     sram_bandwidth_measured: float = 0.0
+    l2_bandwidth: float = 0.0  # bytes/s between the SMs and the shared level; 0: not known
+    compute_capability: str = ""  # "8.0", "9.0", ... (GPU presets; flash-attn picks its tiles by it); "" unknown
     measured_on: str = ""  # ISO date of a calibration (the ``cpu`` spec); empty for datasheet presets
 
     def __post_init__(self):
@@ -73,6 +84,9 @@ class HardwareSpec:
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{self.name}: {key} must be a finite number >= 0; got {value!r}")
+        if not isinstance(self.l2_bandwidth, (int, float)) or not math.isfinite(self.l2_bandwidth) \
+                or self.l2_bandwidth < 0:
+            raise ValueError(f"{self.name}: l2_gb_per_s must be a finite number >= 0; got {self.l2_bandwidth!r}")
         for field in ("hbm_bytes", "hbm_bandwidth", "sram_per_sm_bytes", "sm_count", "fp32_flops"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{self.name}: {field} must be > 0; got {getattr(self, field)!r}")
@@ -83,6 +97,21 @@ class HardwareSpec:
         if self.sram_bandwidth_measured:
             return self.sram_bandwidth_measured
         return SMEM_BYTES_PER_CLOCK_PER_SM * self.sm_count * self.clock_hz
+
+    def ctas_in_flight(self, sram_per_cta, threads_per_cta=None, registers_per_thread=None):
+        """How many work units run at once: on a GPU, SMs × the CTAs one SM holds — bounded by its shared memory
+        (``sram_per_cta`` bytes each), by ``MAX_CTAS_PER_SM``, and by its registers where the kernel's are known
+        (``threads_per_cta`` × ``registers_per_thread`` of ``REGISTERS_PER_SM``); on a CPU, one task per core.
+        Arrays broadcast (a sweep)."""
+        import numpy as np
+
+        if self.kind == "cpu":
+            return np.full(np.shape(sram_per_cta), self.sm_count, dtype=np.int64)[()]
+        smem = np.maximum(np.asarray(sram_per_cta, dtype=np.int64), 1)
+        per_sm = np.minimum(np.asarray(self.sram_per_sm_bytes, dtype=np.int64) // smem, MAX_CTAS_PER_SM)
+        if threads_per_cta is not None and registers_per_thread is not None:
+            per_sm = np.minimum(per_sm, REGISTERS_PER_SM // (int(threads_per_cta) * int(registers_per_thread)))
+        return (self.sm_count * np.maximum(per_sm, 1))[()]
 
     def peak(self, flop_kind: str) -> float:
         """Peak FLOP/s (OP/s for int8) of one kind: 'fp32', 'fp16', 'bf16' or 'int8'."""
@@ -103,11 +132,13 @@ class HardwareSpec:
         lines = [f'name = "{self.name}"', f'kind = "{self.kind}"']
         for key, field, factor in _FIELDS + _OPTIONAL:
             value = getattr(self, field)
-            if field == "sram_bandwidth_measured" and not value:
+            if field in ("sram_bandwidth_measured", "l2_bandwidth") and not value:
                 continue
             # 10 significant digits: parsing this text and writing it again gives the same text, so a spec read
             # back from its file equals the one that wrote it (value / factor * factor alone can lose the last bit)
             lines.append(f"{key} = {value if field == 'sm_count' else format(value / factor, '.10g')}")
+        if self.compute_capability:
+            lines.append(f'compute_capability = "{self.compute_capability}"')
         if self.measured_on:
             lines.append(f'measured_on = "{self.measured_on}"')
         return "\n".join(lines) + "\n"
@@ -120,14 +151,15 @@ def from_toml(text: str, origin: str = "<toml>") -> HardwareSpec:
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{origin}: not valid TOML: {err}") from None
     required = {"name", "kind"} | {key for key, _, _ in _FIELDS}
-    optional = {key for key, _, _ in _OPTIONAL} | {"measured_on"}
+    optional = {key for key, _, _ in _OPTIONAL} | {"measured_on", "compute_capability"}
     missing = sorted(required - data.keys())
     if missing:
         raise ValueError(f"{origin}: missing field(s) {', '.join(missing)}")
     unknown = sorted(data.keys() - required - optional)
     if unknown:
         raise ValueError(f"{origin}: unknown field(s) {', '.join(unknown)}")
-    values = {"name": str(data["name"]), "kind": data["kind"], "measured_on": str(data.get("measured_on", ""))}
+    values = {"name": str(data["name"]), "kind": data["kind"], "measured_on": str(data.get("measured_on", "")),
+              "compute_capability": str(data.get("compute_capability", ""))}
     for key, field, factor in _FIELDS + _OPTIONAL:
         if key not in data:
             continue

@@ -10,9 +10,10 @@ from .core import (RunContext, Section, build_report, default_out_dir, markdown_
 from .measured import ATTN_SIZES, attention_cpu_section, attention_flops, machine_section
 from .predicted import (across_hardware_rows, across_hardware_section, bytes_by_tensor_section, roofline_section,
                         sram_sweep_section)
+from .validation import validation_section
 
 SECTIONS = (machine_section, attention_cpu_section, bytes_by_tensor_section, sram_sweep_section, roofline_section,
-            across_hardware_section, int8_section, kvcache_section, model_section, passkey_section)
+            across_hardware_section, validation_section, int8_section, kvcache_section, model_section, passkey_section)
 
 __all__ = ["ATTN_SIZES", "RunContext", "SECTIONS", "Section", "across_hardware_rows", "attention_flops",
            "build_report", "default_out_dir", "markdown_to_html", "planned_steps", "read_csv", "write_csv"]

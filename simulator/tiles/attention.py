@@ -1,4 +1,5 @@
-"""Attention schedules on the two-level ``Machine``: standard (S and P spilled to HBM), FlashAttention-1 and -2
+"""Attention schedules on the ``Machine`` (SRAM, an optional LRU shared cache, DRAM): standard (S and P spilled to
+HBM), FlashAttention-1 and -2
 forward (causal too, bottom-right aligned), and decode against a full or pruned KV cache.
 
 Each returns a ``SimResult`` with the real output, so tests can hold it against the float64 oracle: the counted
@@ -39,6 +40,18 @@ def _shapes(q, k, v, Br, Bc, sram_bytes=1, elem_bytes=1):
     return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv, min(Br, Nq), min(Bc, Nk)
 
 
+def _machine(sram_bytes, l2_bytes, concurrent, schedule="waves") -> Machine:
+    """The machine of a schedule: ``l2_bytes`` a whole number >= 0 (0: no shared cache), ``concurrent`` the units
+    in flight, a whole number >= 1 or a {kernel name: whole number >= 1} mapping; ``schedule`` 'waves' (GPU) or
+    'chunks' (CPU threads, see ``Machine``)."""
+    l2, = check_sizes(minimum=0, l2_bytes=l2_bytes)
+    if isinstance(concurrent, dict):
+        counts = {str(name): int(check_sizes(concurrent=c)[0]) for name, c in concurrent.items()}
+    else:
+        counts = int(check_sizes(concurrent=concurrent)[0])
+    return Machine(sram_bytes, l2_bytes=int(l2), concurrent=counts, schedule=schedule)
+
+
 def _visible(r0, br, group, c0, c1, offset, causal):
     """(rows, bc) mask of the keys c0..c1-1 each packed row may see (row r is query r0 + r % br)."""
     rows_q = r0 + np.arange(group * br) % br
@@ -54,12 +67,13 @@ def _n_tiles(r0, br, nk, bc, offset, causal):
     return math.ceil(kend / bc)
 
 
-def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
+def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0,
+                   concurrent=1, schedule="waves") -> SimResult:
     """FlashAttention-2 forward (Dao 2023, Algorithm 1): Q_i stays on chip, K_j and V_j stream past it."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = Machine(sram_bytes)
+    mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     mach.kernel("flash2_fwd")
     o = np.zeros(q.shape)
     lse = np.full(q.shape[:-1], -np.inf)
@@ -67,6 +81,7 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
         for hk in range(Hkv):
             heads = slice(hk * group, (hk + 1) * group)
             for r0 in range(0, Nq, Br):
+                mach.unit((b, hk, r0))  # one CTA per query block, launched query block fastest (as flash-attn)
                 br = min(Br, Nq - r0)
                 rows = group * br
                 q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i", rows=(r0, r0 + br)).reshape(rows, d)
@@ -75,6 +90,7 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
                 mach.alloc("S_ij", STAT_BYTES * rows * Bc)
                 acc, m_i, l_i = np.zeros((rows, d)), np.full(rows, -np.inf), np.zeros(rows)
                 for j in range(_n_tiles(r0, br, Nk, Bc, offset, causal)):
+                    mach.step()
                     c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
                     k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j", rows=(c0, c1))
                     v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j", rows=(c0, c1))
@@ -89,6 +105,7 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
                     acc = alpha[:, None] * acc + p @ v_j
                     mach.compute("O += P V", 2 * rows * (c1 - c0) * d)
                     m_i = m_new
+                mach.step()
                 out = np.where(l_i[:, None] > 0, acc / np.where(l_i > 0, l_i, 1)[:, None], 0.0)
                 with np.errstate(divide="ignore"):
                     row_lse = np.where(l_i > 0, m_i + np.log(np.where(l_i > 0, l_i, 1)), -np.inf)
@@ -98,13 +115,14 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
     return SimResult(o, lse, mach)
 
 
-def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
+def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0,
+                   concurrent=1, schedule="waves") -> SimResult:
     """FlashAttention-1 forward (Dao et al. 2022, Algorithm 1): K_j, V_j stay on chip while every query block
     that sees them is loaded with its O_i, l_i, m_i from HBM, updated, and written back."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = Machine(sram_bytes)
+    mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     mach.kernel("flash1_fwd")
     o, l_hbm, m_hbm = np.empty(q.shape), np.empty(q.shape[:-1]), np.empty(q.shape[:-1])
     # line 2: initialize O = 0, l = 0, m = −inf in HBM
@@ -115,7 +133,9 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
     for b in range(B):
         for hk in range(Hkv):
             heads = slice(hk * group, (hk + 1) * group)
+            mach.unit((b, hk))  # one CTA per (batch, kv head): FlashAttention-1 parallelizes over batch and heads
             for j in range(math.ceil(Nk / Bc)):
+                mach.step()
                 c0, c1 = j * Bc, min((j + 1) * Bc, Nk)
                 k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j", rows=(c0, c1))
                 v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j", rows=(c0, c1))
@@ -123,6 +143,7 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
                 for i, r0 in enumerate(range(0, Nq, Br)):
                     if j >= tiles_of_block[i]:
                         continue  # the tile lies wholly above this block's diagonal
+                    mach.step()
                     br = min(Br, Nq - r0)
                     rows = group * br
                     at = (r0, r0 + br)
@@ -156,14 +177,14 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
 
 
 def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, scale=None,
-                     separate_mask=False) -> SimResult:
+                     separate_mask=False, l2_bytes=0, concurrent=1, schedule="waves") -> SimResult:
     """Standard attention: S = QKᵀ tile by tile to HBM; [a separate mask pass]; a softmax over S rows to P
     (one read of a row when its float32 copy fits in SRAM, else an online max/sum pass and a normalizing pass);
     O = P V tile by tile."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
     scale = 1 / math.sqrt(d) if scale is None else scale
     e, offset = elem_bytes, Nk - Nq
-    mach = Machine(sram_bytes)
+    mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     s_hbm = np.empty((B, Hq, Nq, Nk))
     p_hbm = np.empty((B, Hq, Nq, Nk))
     o = np.zeros(q.shape)
@@ -173,9 +194,11 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
         for hk in range(Hkv):
             heads = slice(hk * group, (hk + 1) * group)
             for r0 in range(0, Nq, Br):
+                mach.unit((b, hk, r0))
                 br = min(Br, Nq - r0)
                 q_i = mach.load("Q", q[b, heads, r0:r0 + br], e, slot="Q_i", rows=(r0, r0 + br)).reshape(group * br, d)
                 for c0 in range(0, Nk, Bc):
+                    mach.step()
                     c1 = min(c0 + Bc, Nk)
                     k_j = mach.load("K", k[b, hk, c0:c1], e, slot="K_j", rows=(c0, c1))
                     mach.alloc("S_ij", e * group * br * (c1 - c0))
@@ -190,6 +213,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
         for b in range(B):
             for h in range(Hq):
                 for i in range(Nq):
+                    mach.unit((b, h, i))
                     row = mach.load("S", s_hbm[b, h, i], e, slot="row", rows=(i, i + 1), cols=(0, Nk))
                     mach.store("S", s_hbm[b, h, i], np.where(visible_rows[i], row, -np.inf), e, rows=(i, i + 1),
                                cols=(0, Nk))
@@ -199,6 +223,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
     for b in range(B):
         for h in range(Hq):
             for i in range(Nq):
+                mach.unit((b, h, i))
                 vis = visible_rows[i] if causal else np.ones(Nk, dtype=bool)
                 if row_fits:
                     row = mach.load("S", s_hbm[b, h, i], e, slot="row", rows=(i, i + 1), cols=(0, Nk))
@@ -212,6 +237,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
                 # two passes over chunks of Bc: running max and sum, then normalize and write P
                 m, l = -np.inf, 0.0
                 for c0 in range(0, Nk, Bc):
+                    mach.step()
                     c1 = min(c0 + Bc, Nk)
                     chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk",
                                                            rows=(i, i + 1), cols=(c0, c1)), -np.inf)
@@ -221,6 +247,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
                         l = l * (math.exp(m - m_new) if np.isfinite(m) else 0.0) + np.exp(chunk - m_new).sum()
                         m = m_new
                 for c0 in range(0, Nk, Bc):
+                    mach.step()
                     c1 = min(c0 + Bc, Nk)
                     chunk = np.where(vis[c0:c1], mach.load("S", s_hbm[b, h, i, c0:c1], e, slot="chunk",
                                                            rows=(i, i + 1), cols=(c0, c1)), -np.inf)
@@ -233,21 +260,25 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
         for hk in range(Hkv):
             heads = slice(hk * group, (hk + 1) * group)
             for r0 in range(0, Nq, Br):
+                mach.unit((b, hk, r0))
                 br = min(Br, Nq - r0)
                 mach.alloc("O_i", STAT_BYTES * group * br * d)
                 acc = np.zeros((group * br, d))
                 for c0 in range(0, Nk, Bc):
+                    mach.step()
                     c1 = min(c0 + Bc, Nk)
                     p_ij = mach.load("P", p_hbm[b, heads, r0:r0 + br, c0:c1], e, slot="P_ij", rows=(r0, r0 + br),
                                      cols=(c0, c1))
                     v_j = mach.load("V", v[b, hk, c0:c1], e, slot="V_j", rows=(c0, c1))
                     acc += p_ij.reshape(group * br, c1 - c0) @ v_j
                     mach.compute("O += P V", 2 * group * br * (c1 - c0) * d)
+                mach.step()
                 mach.store("O", o[b, heads, r0:r0 + br], acc.reshape(group, br, d), e, rows=(r0, r0 + br))
     return SimResult(o, None, mach)
 
 
-def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None) -> SimResult:
+def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None, l2_bytes=0, concurrent=1,
+           schedule="waves") -> SimResult:
     """One decode step: q (B, Hq, 1, d) against the cache k, v (B, Hkv, N, d), or against the positions ``kept``
     (B, Hkv, C) of a pruned cache, which lives compacted in HBM (pruning happened once, at prefill, uncounted)."""
     if kept is not None:
@@ -255,4 +286,4 @@ def decode(q, k, v, *, kept=None, Bc, sram_bytes, elem_bytes=2, scale=None) -> S
         k = np.take_along_axis(k, kept[..., None], axis=2)
         v = np.take_along_axis(v, kept[..., None], axis=2)
     return flash2_forward(q, k, v, causal=True, Br=1, Bc=Bc, sram_bytes=sram_bytes, elem_bytes=elem_bytes,
-                          scale=scale)
+                          scale=scale, l2_bytes=l2_bytes, concurrent=concurrent, schedule=schedule)

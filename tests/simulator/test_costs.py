@@ -99,7 +99,7 @@ def test_decode_reads_the_kept_cache_once():
 def test_int8_split_moves_a_quarter_of_the_fp32_weight():
     dense32 = costs.dense(1, 4096, 4096, elem_bytes=4, flop_kind="fp32")
     split = costs.int8_split(1, 4096, 4096, 0)
-    assert split.reads["W_i8"] * 4 == dense32.reads["W"]
+    assert split.dram_reads["W_i8"] * 4 == dense32.dram_reads["W"]
     with_outliers = costs.int8_split(1, 4096, 4096, 8)
     assert with_outliers.reads["W_i8"] == split.reads["W_i8"]  # the same rows, split in two GEMMs
     assert with_outliers.flops == split.flops
@@ -117,16 +117,17 @@ def test_arrays_sweep_like_scalars():
 def test_roofline_time_names_the_bound():
     hw = hardware.load("A100-40GB-SXM")
     std = costs.standard_forward(1, 16, 16, 8192, 8192, 64, sram_bytes=hw.sram_per_sm_bytes).time(hw)
-    assert all(k.bound == "memory" for k in std.kernels)
+    assert all(k.bound == "dram" for k in std.kernels)
     gemm = costs.dense(8192, 8192, 8192)
     timing = gemm.time(hw)
     assert timing.kernels[0].bound == "compute"
     assert timing.seconds == pytest.approx(2 * 8192**3 / 312e12 + 5e-6)
     # the same GEMM with every tile from DRAM (no L2 reuse) moves 64x the bytes of X and W
     tiled = costs.dense(8192, 8192, 8192, reuse="tiled")
-    assert tiled.reads["X"] == 64 * gemm.reads["X"] and tiled.reads["W"] == 64 * gemm.reads["W"]
+    assert tiled.dram_reads["X"] == 64 * gemm.dram_reads["X"] and tiled.dram_reads["W"] == 64 * gemm.dram_reads["W"]
+    assert dict(tiled.reads) == dict(gemm.reads)  # the tile loads are the same either way
     gemv = costs.dense(1, 4096, 4096).time(hw)
-    assert gemv.kernels[0].bound == "memory"
+    assert gemv.kernels[0].bound == "dram"
 
 
 def test_a_hand_computed_case():
@@ -179,3 +180,46 @@ def test_bad_matmul_and_decode_sizes_are_refused():
         costs.decode(1, 8, 8, 4096, 64, capacity=0, sram_bytes=2**17)
     with pytest.raises(ValueError, match="Bc must be >= 1"):
         costs.flash2_forward(1, 8, 8, 64, 64, 64, Br=16, Bc=-4)
+
+
+def test_roofline_over_the_levels_names_the_level_that_binds():
+    hw = hardware.load("H100-SXM")
+    # the paper's Br <= d tiles load K and V 64 times per head: the L2 traffic, not DRAM, binds on an H100
+    paper = costs.flash2_forward(1, 16, 16, 4096, 4096, 64, hw=hw).time(hw).kernels[0]
+    assert paper.bound == "l2" and paper.l2_s > paper.compute_s > paper.dram_s
+    assert paper.seconds == pytest.approx(paper.l2_s + hw.launch_overhead_s)
+    # a spec without a sourced L2 bandwidth has no L2 term
+    no_l2 = hardware.replace(hw, l2_bandwidth=0.0)
+    assert costs.flash2_forward(1, 16, 16, 4096, 4096, 64, hw=no_l2).time(no_l2).kernels[0].l2_s == 0
+
+
+def test_without_hw_the_ledger_is_the_two_level_one():
+    hw = hardware.load("A100-40GB-SXM")
+    two = costs.flash2_forward(2, 8, 2, 2048, 2048, 64, sram_bytes=hw.sram_per_sm_bytes)
+    three = costs.flash2_forward(2, 8, 2, 2048, 2048, 64, hw=hw)
+    assert dict(two.reads) == dict(three.reads) and dict(two.writes) == dict(three.writes)  # same tiles
+    assert two.dram_bytes == two.l2_traffic_bytes == two.hbm_bytes
+    assert three.dram_bytes < three.l2_traffic_bytes and three.hbm_bytes == three.dram_bytes
+
+
+@pytest.mark.parametrize("model", [costs.flash2_forward, costs.flash1_forward, costs.standard_forward,
+                                   costs.flash2_backward])
+def test_a_sweep_through_the_l2_equals_its_configurations_one_by_one(model):
+    hw = hardware.load("A100-40GB-SXM")
+    n = np.array([256, 1000, 4096, 16384])
+    swept = model(1, 8, 2, n, n, 64, causal=True, hw=hw)
+    for i in range(n.size):
+        one = model(1, 8, 2, int(n[i]), int(n[i]), 64, causal=True, hw=hw)
+        assert float(swept.dram_bytes[i]) == pytest.approx(float(one.dram_bytes))
+        assert float(swept.time(hw).seconds[i]) == pytest.approx(float(one.time(hw).seconds))
+
+
+def test_the_shared_cache_never_adds_bytes():
+    for name in hardware.preset_names():
+        hw = hardware.load(name)
+        for causal in (False, True):
+            for model in (costs.flash2_forward, costs.flash1_forward, costs.standard_forward, costs.flash2_backward):
+                c = model(2, 16, 4, 8192, 8192, 128, causal=causal, hw=hw)
+                assert float(c.dram_bytes) <= float(c.l2_traffic_bytes)
+                # every input is read once and every output written once at least
+                assert float(c.dram_bytes) >= 2 * 16 * 8192 * 128 * 2 * 2

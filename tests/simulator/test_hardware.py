@@ -73,3 +73,36 @@ def test_bad_specs_raise(edit, message):
 def test_loading_a_spec_never_measures():
     with pytest.raises(ValueError, match="measured rather than read.*simulator.calibrate.cpu_spec"):
         hardware.load("cpu")
+
+
+def test_the_shared_level_is_sourced_or_marked_unknown():
+    for name in PRESETS:
+        hw = hardware.load(name)
+        text = (spec_module.PRESET_DIR / f"{name}.toml").read_text()
+        if hw.l2_bandwidth:
+            # the L2 sits between SRAM and DRAM in bandwidth as in capacity
+            assert hw.hbm_bandwidth < hw.l2_bandwidth < hw.sram_bandwidth
+        else:
+            assert "l2_gb_per_s: no datasheet or published microbenchmark" in text
+        assert hw.compute_capability and float(hw.compute_capability) >= 7.5
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t + "\nl2_gb_per_s = -5\n", "l2_gb_per_s must be >= 0"),
+    (lambda t: t + '\nl2_gb_per_s = "fast"\n', "l2_gb_per_s must be a number"),
+])
+def test_bad_l2_bandwidth_raises(edit, message):
+    with pytest.raises(ValueError, match=message):
+        hardware.from_toml(edit((spec_module.PRESET_DIR / "L4.toml").read_text()))
+
+
+def test_ctas_in_flight_follow_the_sram_and_the_registers():
+    h100 = hardware.load("H100-SXM")
+    assert h100.ctas_in_flight(48 * 1024) == 132 * 4  # 228 KiB / 48 KiB
+    assert h100.ctas_in_flight(200 * 1024) == 132
+    assert h100.ctas_in_flight(300 * 1024) == 132  # a CTA larger than an SM's SRAM still runs one (the model)
+    assert h100.ctas_in_flight(1024) == 132 * spec_module.MAX_CTAS_PER_SM
+    # 128 threads of 255 registers: 65536 // 32640 = 2 per SM
+    assert h100.ctas_in_flight(48 * 1024, threads_per_cta=128, registers_per_thread=255) == 132 * 2
+    cpu = hardware.replace(h100, kind="cpu", sm_count=2)
+    assert cpu.ctas_in_flight(48 * 1024) == 2  # one task per core

@@ -1,0 +1,35 @@
+"""``ioaware costs attention``: both levels, the tiles it used and why, and the issue's done-when case."""
+from __future__ import annotations
+
+import re
+
+from simulator.cli import main
+
+
+def _row(out, label):
+    line = next(line for line in out.splitlines() if line.strip().startswith(label))
+    return re.split(r"\s{2,}", line.strip())[1:]
+
+
+def test_fa2_on_h100_is_compute_bound_at_its_compulsory_traffic(capsys):
+    assert main(["costs", "attention", "--n", "4096", "--d", "64", "--heads", "16", "--hardware", "H100-SXM"]) == 0
+    out = capsys.readouterr().out
+    assert "flash2 tiles: flash-attn" in out
+    standard, flash1, flash2 = _row(out, "bound")
+    assert flash2 == "compute" and standard == "dram"
+    dram = [float(x) for x in _row(out, "L2<->DRAM MB")]
+    compulsory_mb = (4 * 16 * 4096 * 64 * 2 + 16 * 4096 * 4) / 1e6  # Q, K, V, O once, lse
+    assert abs(dram[2] - compulsory_mb) < 0.01
+    assert dram[2] <= dram[1]  # FA-2 no longer moves more than FA-1
+    # S and P: all their bytes at both levels for the standard algorithm, none for FlashAttention
+    assert _row(out, "S MB L2 / DRAM")[2] == "0.00 / 0.00"
+
+
+def test_tiles_can_be_chosen_and_are_named(capsys):
+    assert main(["costs", "attention", "--n", "2048", "--hardware", "A100-40GB-SXM", "--tiles", "paper"]) == 0
+    out = capsys.readouterr().out
+    assert "flash2 tiles: paper" in out and "Br <= d" in out
+    assert main(["costs", "attention", "--n", "2048", "--hardware", "T4"]) == 0  # flash-attn 2 does not run there
+    assert "flash2 tiles: paper" in capsys.readouterr().out
+    assert main(["costs", "attention", "--n", "2048", "--hardware", "T4", "--tiles", "flash-attn"]) == 2
+    assert "Ampere" in capsys.readouterr().err
