@@ -8,7 +8,9 @@ region.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
+import time
 
 import numpy as np
 from numba import njit, prange
@@ -66,6 +68,20 @@ def _read_sum(x, n_chunks):
 
 
 @njit(parallel=True, cache=True)
+def _fill(x, value):
+    for i in prange(x.size):
+        x[i] = value
+
+
+def _filled(n, value, dtype):
+    """An array of n elements set to ``value``, its pages faulted in by all threads (np.full faults them in on
+    one core: seconds for the arrays of a DRAM measurement)."""
+    x = np.empty(n, dtype=dtype)
+    _fill(x, value)
+    return x
+
+
+@njit(parallel=True, cache=True)
 def _empty_parallel(x):
     for i in prange(x.size):
         x[i] = i
@@ -78,8 +94,8 @@ def triad_bandwidth(n_bytes: int, repeats: int = 5) -> float:
     not in cache fetches it (write-allocate), as STREAM's documentation notes; 32 B, not STREAM's nominal 24 B.
     """
     n = max(1, n_bytes // 8)
-    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)
-    timing = time_call(lambda: _triad(a, b, c, 3.0), repeats=repeats, warmup=2, settle_s=0.0)
+    a, b, c = (_filled(n, value, np.float64) for value in (0.0, 1.0, 2.0))
+    timing = time_call(lambda: _triad(a, b, c, 3.0), repeats=repeats, warmup=1, settle_s=0.0)
     return 4 * 8 * n / timing.min_s
 
 
@@ -108,7 +124,12 @@ def read_bandwidth(n_bytes: int | None = None, repeats: int = 5) -> float:
     ``repeats`` (a bound, as STREAM reports its best run).
     """
     n_bytes = dram_test_bytes() if n_bytes is None else n_bytes
-    x = np.ones(max(1, n_bytes // 4), dtype=np.float32)
+    return read_bandwidth_of(_filled(max(1, n_bytes // 4), 1.0, np.float32), repeats)
+
+
+def read_bandwidth_of(x, repeats: int = 5) -> float:
+    """Bytes/s of reading the float32 array ``x`` once on all cores (``read_bandwidth``, over an array the caller
+    holds)."""
     n_chunks = 64 * (os.cpu_count() or 1)  # many more chunks than threads, so a slow core does not hold the rest
     timing = time_call(lambda: _read_sum(x, n_chunks), repeats=repeats, warmup=2, settle_s=0.0)
     return x.nbytes / timing.min_s
@@ -180,3 +201,208 @@ def cpu_spec(force: bool = False) -> HardwareSpec:
     tmp.write_text(spec.to_toml())
     os.replace(tmp, path)
     return spec
+
+
+# -- per-phase rates (simulator.costs.phases) -----------------------------------------------------------------------
+# What the CPU kernels run, measured the way they run it: NumPy's elementwise passes on one core, the standard
+# algorithm's batched matmuls and the flash kernel's block products, exp and rescale on all of Numba's threads.
+
+PHASE_CACHE_FILE = "cpu-phase-rates.toml"
+PHASE_TARGET_S = 0.01  # seconds one repeat of a micro-benchmark in the caches aims at: far above a wake-up
+SCORE_RANGE = (-9.0, 0.0)  # scale·(S − max) of attention scores: ≤ 0, a few units wide (a standard normal's max)
+
+
+@njit(fastmath=True, cache=True)
+def _sum_one_core(x):
+    """Σ x on the calling thread: one core's read rate."""
+    acc = np.float32(0.0)
+    for i in range(x.size):
+        acc += x[i]
+    return acc
+
+
+def _best(fn, repeats=3, warmup=1):
+    return time_call(fn, repeats=repeats, warmup=warmup, settle_s=0.0).min_s
+
+
+def llc_curve(buffer, l2_bytes: int) -> tuple[float, tuple, tuple]:
+    """One core's read rate over slices of ``buffer`` of 2·L2, 4·L2, ... bytes up to the whole buffer, as
+    (effective LLC bytes, sizes, fractions): each fraction places its rate between the first (cache) and the last
+    (DRAM) on a log scale, 1 to 0; the effective LLC is the last size at or above one half. The OS's figure for a
+    VM's last-level cache is the host's (480 MiB here, where one core's rate falls between 32 and 64 MiB)."""
+    sizes, rates = [], []
+    n = 2 * l2_bytes // 4
+    while n <= buffer.size:
+        part = buffer[:n]
+        sizes.append(float(part.nbytes))
+        rates.append(part.nbytes / _best(lambda part=part: _sum_one_core(part), repeats=2))
+        n *= 2
+    if len(rates) < 2:
+        return (sizes[-1] if sizes else float(l2_bytes)), tuple(sizes) or (float(l2_bytes),), (1.0,) * max(1, len(sizes))
+    span = math.log(rates[0] / rates[-1]) or 1.0
+    fractions = tuple(min(1.0, max(0.0, math.log(r / rates[-1]) / span)) for r in rates)
+    llc = max(size for size, f in zip(sizes, fractions) if f >= 0.5)
+    return llc, tuple(sizes), fractions
+
+
+def _numpy_pass_rates(x, y, level: str) -> dict:
+    """One core's rates of the standard algorithm's NumPy passes over float32 arrays x, y of equal size (bytes
+    read + written per second; exp in elements per second), keyed as ``PhaseRates``' fields of ``level``."""
+    rows = x.reshape(-1, 1024)  # (rows, 1024): row reductions over the last axis, as over scores
+    y_rows = y.reshape(-1, 1024)
+    rates = {
+        f"reduce_{level}": x.nbytes / _best(lambda: rows.max(axis=-1, keepdims=True)),
+        f"update_{level}": 2 * y.nbytes / _best(lambda: np.multiply(y, np.float32(1.0), out=y)),
+    }
+    mask = np.tri(1024, dtype=bool)  # (1024, 1024) broadcast over the leading axis, as the causal mask over heads
+    y3 = y.reshape(-1, 1024, 1024)
+    rates[f"masked_{level}"] = 2 * y.nbytes / _best(lambda: np.copyto(y3, np.float32(-1.0), where=mask))
+
+    def exp_in_place():  # the scores restored first (untimed), so every repeat sees the same values
+        np.copyto(y, x)
+        start = time.perf_counter()
+        np.exp(y, out=y)
+        return time.perf_counter() - start
+
+    exp_in_place()
+    rates[f"exp_{level}"] = y.size / min(exp_in_place() for _ in range(2))
+    if level == "dram":
+        m = np.zeros((y_rows.shape[0], 1), dtype=np.float32)  # (rows, 1), as the row max
+        rates["fresh_dram"] = 2 * y.nbytes / _best(lambda: np.subtract(y_rows, m), repeats=2, warmup=0)
+    return rates
+
+
+def _flash_block_rates(d: int, threads: int) -> dict:
+    """Per-thread rates of the flash kernel's work with every thread busy, at its default tiles: its vectorized
+    exp (``exp_row``) and the multiply-add of its rescale alone, and the block products as they run in a whole
+    block step (``block_steps``: between the exps, which evict their tiles), i.e. the step's time less the exps'
+    and the rescale's."""
+    from kernels.attn import default_blocks
+    from kernels._common.blas import single_threaded_blas
+
+    from ._phase_kernels import block_steps, exp_rows, rescale_rows
+
+    br, bc = default_blocks(d, 4)
+    rng = np.random.default_rng(0)
+    q_i = rng.standard_normal((threads, br, d), dtype=np.float32)  # (threads, Br, d)
+    k_j, v_j = (rng.standard_normal((threads, bc, d), dtype=np.float32) for _ in range(2))  # (threads, Bc, d)
+    s = np.empty((threads, br, bc), dtype=np.float32)  # (threads, Br, Bc)
+    p = np.empty((threads, br, bc), dtype=np.float32)  # (threads, Br, Bc)
+    pv = np.empty((threads, br, d), dtype=np.float32)  # (threads, Br, d)
+    o_acc = np.zeros((threads, br, d), dtype=np.float32)  # (threads, Br, d)
+    alpha = np.full((threads, br), 0.5, dtype=np.float32)  # (threads, Br)
+    scores = rng.uniform(*SCORE_RANGE, (threads, br, bc)).astype(np.float32)  # (threads, Br, Bc)
+    with single_threaded_blas():
+        block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, 1)
+        iterations = max(1, int(PHASE_TARGET_S / _best(lambda: block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha,
+                                                                             1))))
+        step = _best(lambda: block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, iterations)) / iterations
+        exp_rows(scores, p, 1)
+        exp = _best(lambda: exp_rows(scores, p, iterations)) / iterations
+        rescale_rows(o_acc, pv, alpha, 1)
+        rescale = _best(lambda: rescale_rows(o_acc, pv, alpha, iterations)) / iterations
+    products = max(step - exp - rescale, 0.5 * step)  # (a floor, should noise make the parts exceed the step)
+    return {"gemm_block": 4 * br * bc * d / products, "exp_block": br * bc / exp, "fma_block": br * d / rescale,
+            "block_br": br, "block_bc": bc}
+
+
+def _standard_gemm_rates(d: int, threads: int) -> dict:
+    """The standard algorithm's matmuls (``kernels._common.blas``): S = QKᵀ (K = d) and PV (K = N) over 8 heads of
+    N = 1024, into outputs allocated once (their page faults are counted apart, in ``first_touch_all``)."""
+    from kernels._common.blas import TASKS_PER_THREAD, _batched_nn, _batched_nt, single_threaded_blas
+
+    G, n = 8, 1024
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((G, n, d), dtype=np.float32) for _ in range(3))  # (G, N, d)
+    s = np.empty((G, n, n), dtype=np.float32)  # (G, N, N)
+    o = np.empty((G, n, d), dtype=np.float32)  # (G, N, d)
+    n_blocks = max(1, min(n, -(-TASKS_PER_THREAD * threads // G)))
+    flops = 2 * G * n * n * d
+    with single_threaded_blas():
+        qk = flops / _best(lambda: _batched_nt(q, k, s, n_blocks))
+        pv = flops / _best(lambda: _batched_nn(s, v, o, n_blocks))
+    return {"gemm_qk": qk, "gemm_pv": pv, "gemm_d": d}
+
+
+def first_touch_rate(n_bytes: int) -> float:
+    """Bytes/s at which all threads fault in new pages: a parallel fill of a new array of ``n_bytes``, less the
+    same fill of a mapped one (the write itself)."""
+    x = _filled(max(1, n_bytes // 4), 0.0, np.float32)
+    mapped = _best(lambda: _fill(x, 1.0), repeats=2)
+    del x
+    fresh = _best(lambda: _fill(np.empty(max(1, n_bytes // 4), dtype=np.float32), 1.0), repeats=2, warmup=0)
+    return n_bytes / max(fresh - mapped, 1e-9)
+
+
+def attention_call_seconds() -> float:
+    """Seconds of one ``kernels.attention`` call on a tiny decode input (one query, 16 keys, d = 64): the fixed
+    cost of a call, validation, allocation and one parallel region."""
+    import kernels
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 1, 1, 64), dtype=np.float32)
+    k, v = (rng.standard_normal((1, 1, 16, 64), dtype=np.float32) for _ in range(2))
+    return time_call(lambda: kernels.attention(q, k, v, causal=True), repeats=200, warmup=5, settle_s=0.0).median_s
+
+
+def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, buffer=None):
+    """Measure this machine's ``PhaseRates`` now (a few seconds). ``spec``: its calibrated ``HardwareSpec``, whose
+    triad is the all-core write rate and whose launch cost is reused (measured when not given); ``buffer``: a
+    float32 array of at least ``dram_test_bytes()`` whose pages are mapped (allocated when not given)."""
+    import numba
+
+    from .costs.phases import PhaseRates
+
+    start = time.perf_counter()
+    threads = numba.get_num_threads()
+    l2 = cache_sizes().get("L2", 2**20)
+    if buffer is None:
+        buffer = _filled(dram_test_bytes() // 4, 1.0, np.float32)
+    values = {"threads": threads}
+    values["read_all"] = read_bandwidth_of(buffer, repeats=3)
+    values["llc_bytes"], values["llc_curve_bytes"], values["llc_curve_fraction"] = llc_curve(buffer, l2)
+    # one core's NumPy passes from the cache (arrays of 2·L2, past one core's L2) and from DRAM (two halves of the
+    # buffer: a pass over both moves twice the largest cache the OS reports)
+    half = (buffer.size // 2) // 2**20 * 2**20  # whole (1024, 1024) planes for the masked store
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(*SCORE_RANGE, buffer.size // 64).astype(np.float32)
+    buffer[:half] = np.resize(scores, half)
+    small = max(2**20, (2 * l2 // 4) // 2**20 * 2**20)
+    x_small, y_small = buffer[:small].copy(), np.empty(small, dtype=np.float32)
+    values.update(_numpy_pass_rates(x_small, y_small, "llc"))
+    values.update(_numpy_pass_rates(buffer[:half], buffer[half:2 * half], "dram"))
+    values.update(_standard_gemm_rates(d, threads))
+    values.update(_flash_block_rates(d, threads))
+    values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
+    if spec is None:
+        values["write_all"] = triad_bandwidth(buffer.nbytes // 3, repeats=3)
+        values["launch_s"] = launch_overhead()
+    else:
+        values["write_all"], values["launch_s"] = spec.hbm_bandwidth, spec.launch_overhead_s
+    values["attention_call_s"] = attention_call_seconds()
+    values["calibration_s"] = time.perf_counter() - start
+    return PhaseRates(**values)
+
+
+def cpu_phase_rates(force: bool = False):
+    """This machine's ``PhaseRates``: from the cache file when it is there and from this machine (and these
+    threads), else measured with ``cpu_spec()`` and saved. ``force=True`` measures again."""
+    import numba
+
+    from .costs.phases import PhaseRates
+
+    path = user_cache_dir() / PHASE_CACHE_FILE
+    stamp = f"# {_machine_id()} threads={numba.get_num_threads()}\n"
+    if not force and path.is_file():
+        text = path.read_text()
+        if text.startswith(stamp):
+            try:
+                return PhaseRates.from_toml(text, origin=str(path))
+            except ValueError:
+                pass
+    rates = phase_rates(spec=cpu_spec())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(stamp + rates.to_toml())
+    os.replace(tmp, path)
+    return PhaseRates.from_toml(stamp + rates.to_toml())

@@ -35,6 +35,10 @@ KNOWN = {
     ("simulator.gpu_check.correctness", "kernels.kvprune._cupy"): _TIER,
     ("simulator.gpu_probe", "kernels.attn._cupy"): _TIER,
     ("simulator.gpu_probe", "kernels.kvprune._cupy"): _TIER,
+    # the CPU calibration times the kernels' own pieces: the standard algorithm's batched matmuls and the flash
+    # kernel's exp, which no public function runs alone
+    ("simulator.calibrate", "kernels._common.blas"): "the calibration times the kernels' own pieces",
+    ("simulator._phase_kernels", "kernels._common.numba_cpu"): "the calibration times the kernels' own pieces",
 }
 
 
