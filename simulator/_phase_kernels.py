@@ -48,3 +48,41 @@ def block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, iterations):
             for r in range(o_acc.shape[1]):
                 for c in range(o_acc.shape[2]):
                     o_acc[t, r, c] = alpha[t, r] * o_acc[t, r, c] + pv[t, r, c]
+
+
+@njit(inline="always")
+def _touch(buffers_s, buffers_p, q_i, pv):
+    for i in range(buffers_s.size):
+        buffers_s[i] = 1.0
+        buffers_p[i] = 1.0
+    for r in range(q_i.shape[0]):
+        for c in range(q_i.shape[1]):
+            q_i[r, c] = 1.0
+            pv[r, c] = 1.0
+
+
+@njit(parallel=True, cache=True)
+def task_buffers(n_tasks, rows, bc, d, fresh, threads):
+    """``n_tasks`` tasks over all threads, each writing the flash kernel's per-task tiles once (S and P of
+    rows × bc, Q_i, O_i and PV of rows × d): allocated by every task, as the kernel does (``fresh``), or once per
+    thread and reused (the writes alone)."""
+    per = (n_tasks + threads - 1) // threads
+    total = 0.0
+    for t in prange(threads):
+        s_keep = np.empty(rows * bc, dtype=np.float32)
+        p_keep = np.empty(rows * bc, dtype=np.float32)
+        q_keep = np.empty((rows, d), dtype=np.float32)
+        pv_keep = np.empty((rows, d), dtype=np.float32)
+        for task in range(t * per, min(n_tasks, (t + 1) * per)):
+            if fresh:
+                s_buf = np.empty(rows * bc, dtype=np.float32)
+                p_buf = np.empty(rows * bc, dtype=np.float32)
+                q_i = np.empty((rows, d), dtype=np.float32)
+                o_acc = np.zeros((rows, d), dtype=np.float32)
+                pv = np.empty((rows, d), dtype=np.float32)
+                _touch(s_buf, p_buf, q_i, pv)
+                total += s_buf[task % s_buf.size] + o_acc[0, 0]
+            else:
+                _touch(s_keep, p_keep, q_keep, pv_keep)
+                total += s_keep[task % s_keep.size]
+    return total

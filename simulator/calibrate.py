@@ -280,7 +280,7 @@ def _flash_block_rates(d: int, threads: int) -> dict:
     from kernels.attn import default_blocks
     from kernels._common.blas import single_threaded_blas
 
-    from ._phase_kernels import block_steps, exp_rows, rescale_rows
+    from ._phase_kernels import block_steps, exp_rows, rescale_rows, task_buffers
 
     br, bc = default_blocks(d, 4)
     rng = np.random.default_rng(0)
@@ -302,8 +302,16 @@ def _flash_block_rates(d: int, threads: int) -> dict:
         rescale_rows(o_acc, pv, alpha, 1)
         rescale = _best(lambda: rescale_rows(o_acc, pv, alpha, iterations)) / iterations
     products = max(step - exp - rescale, 0.5 * step)  # (a floor, should noise make the parts exceed the step)
+    # the tiles every task allocates: their page faults, less the same writes into tiles already mapped
+    n_tasks = 8 * threads
+    task_bytes = 4 * (2 * br * bc + 3 * br * d)
+    task_buffers(n_tasks, br, bc, d, True, threads)
+    task_buffers(n_tasks, br, bc, d, False, threads)
+    fresh = _best(lambda: task_buffers(n_tasks, br, bc, d, True, threads), repeats=5)
+    mapped = _best(lambda: task_buffers(n_tasks, br, bc, d, False, threads), repeats=5)
+    faults = n_tasks / threads * task_bytes / max(fresh - mapped, 1e-9)
     return {"gemm_block": 4 * br * bc * d / products, "exp_block": br * bc / exp, "fma_block": br * d / rescale,
-            "block_br": br, "block_bc": bc}
+            "task_fault": faults, "block_br": br, "block_bc": bc}
 
 
 def _standard_gemm_rates(d: int, threads: int) -> dict:
@@ -380,8 +388,31 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, buffer=None):
     else:
         values["write_all"], values["launch_s"] = spec.hbm_bandwidth, spec.launch_overhead_s
     values["attention_call_s"] = attention_call_seconds()
+    values["row_step_s"] = 0.0
+    values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
     values["calibration_s"] = time.perf_counter() - start
     return PhaseRates(**values)
+
+
+def flash_row_step_seconds(rates, d: int) -> float:
+    """Seconds per query row and key block that ``kernels.attention(algorithm="flash")`` takes beyond the parts
+    ``rates`` times (block products, exps, rescale, call): the whole kernel measured at N = 4·Br with two heads
+    per thread (4 key blocks per row, the first with its row max), less the per-phase prediction without this
+    term, over the row-blocks its slowest thread runs."""
+    import kernels
+
+    from .costs.phases import flash_phases, total_seconds
+
+    br, bc = rates.block_br, rates.block_bc
+    heads, n = 2 * rates.threads, 4 * br
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, heads, n, d), dtype=np.float32) for _ in range(3))
+    measured = _best(lambda: kernels.attention(q, k, v), repeats=5)
+    predicted = flash_phases(rates, 1, heads, heads, n, n, d, Br=br, Bc=bc)
+    row_blocks = next(p for p in predicted if p.name == "bookkeeping")  # 0 s here: its count is what is needed
+    per_thread_rows = heads * (n // br) * (n // bc) * br / rates.threads
+    del row_blocks
+    return max(0.0, measured - total_seconds(predicted)) / per_thread_rows
 
 
 def cpu_phase_rates(force: bool = False):

@@ -46,7 +46,8 @@ _FIELDS = (
     ("exp_llc", 1e9, "G/s"), ("exp_dram", 1e9, "G/s"),
     ("read_all", 1e9, "GB/s"), ("write_all", 1e9, "GB/s"), ("first_touch_all", 1e9, "GB/s"),
     ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
-    ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"),
+    ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
+    ("row_step_s", 1e-9, "ns"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"),
     ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
     ("calibration_s", 1, "s"),
@@ -68,7 +69,10 @@ class PhaseRates:
     rate at which threads fault in new pages (the extra over writing mapped ones); ``gemm_qk`` and ``gemm_pv`` the
     standard algorithm's batched matmuls (K = ``gemm_d``, and K = N with ``gemm_d`` columns); per thread with all
     threads busy: ``gemm_block`` the flash kernel's two block products at ``block_br`` × ``block_bc`` tiles,
-    ``exp_block`` its vectorized exp, ``fma_block`` a multiply-add over a tile. ``launch_s``: one parallel region;
+    ``exp_block`` its vectorized exp, ``fma_block`` a multiply-add over a tile, ``task_fault`` the bytes/s at which
+    a thread faults in the tiles each task allocates (``np.empty`` per task), ``row_step_s`` the seconds per query
+    row and key block that the kernel takes beyond those parts (its online-softmax bookkeeping, the first block's
+    row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input. ``calibration_s``: how long
     measuring all of this took.
     """
@@ -92,6 +96,8 @@ class PhaseRates:
     gemm_block: float
     exp_block: float
     fma_block: float
+    task_fault: float
+    row_step_s: float
     launch_s: float
     attention_call_s: float
     gemm_d: int
@@ -108,7 +114,7 @@ class PhaseRates:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"PhaseRates.{name} must be a finite number; got {value!r}")
-            if value < 0 or (value == 0 and name not in ("calibration_s", "launch_s")):
+            if value < 0 or (value == 0 and name not in ("calibration_s", "launch_s", "row_step_s")):
                 raise ValueError(f"PhaseRates.{name} must be > 0; got {value!r}")
 
     def to_toml(self) -> str:
@@ -257,10 +263,12 @@ def flash_split_count(tasks, n_key_blocks, threads):
     return min(n_splits, n_key_blocks)
 
 
-def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset):
-    """(matmul FLOPs, exps, multiply-adds) of one flash task: the query block of ``rows`` = group·br rows at r0
-    against keys [k0, k1), block by block as ``flash_forward`` runs them."""
-    flops = exps = fmas = 0
+def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset, elem_bytes):
+    """(matmul FLOPs, exps, multiply-adds, bytes of new tiles) of one flash task: the query block of ``rows`` =
+    group·br rows at r0 against keys [k0, k1), block by block as ``flash_forward`` runs them; each task allocates
+    its S and P tiles (rows × Bc) and Q_i, O_i, PV (rows × d)."""
+    flops = exps = fmas = row_blocks = 0
+    tiles = elem_bytes * (2 * rows * Bc + 3 * rows * d)
     first = True
     for c0 in range(k0, k1, Bc):
         bc = min(Bc, k1 - c0)
@@ -275,15 +283,17 @@ def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset):
             exps += rows * bc  # the row-max pass of a row's first block (a compare per score, at about exp's rate)
             first = False
         fmas += rows * d  # O_i ← diag(alpha) O_i + P_ij V_j
-    return flops, exps, fmas
+        row_blocks += rows
+    return flops, exps, fmas, tiles, row_blocks
 
 
-def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, Bc, elem_bytes=4,
-                 call_overhead=False) -> tuple[Phase, ...]:
+def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, Bc, elem_bytes=4
+                 ) -> tuple[Phase, ...]:
     """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
     tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps ("softmax") and the
-    rescale of O_i ("rescale"), as the slowest thread runs them, and the K/V traffic when it is longer ("read").
-    ``call_overhead=True`` adds the measured fixed cost of one call ("call"; what a decode step pays)."""
+    rescale of O_i ("rescale") and the page faults of each task's new tiles ("tiles"), as the slowest thread runs
+    them; the K/V traffic when it is longer ("read"); and the measured fixed cost of one call ("call"), plus the
+    merge's launch when the keys are split."""
     _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, Br=Br, Bc=Bc, elem_bytes=elem_bytes)
     group = Hq // Hkv
     Br, Bc = min(Br, Nq), min(Bc, Nk)
@@ -298,19 +308,22 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
         per_split = -(-(-(-kend // Bc)) // n_splits)
         for split in range(n_splits):
             k0, k1 = min(kend, split * per_split * Bc), min(kend, (split + 1) * per_split * Bc)
-            per_block[ib, split] = _task_work(group * br, br, r0, kend, k0, k1, Bc, d, causal, offset)
+            per_block[ib, split] = _task_work(group * br, br, r0, kend, k0, k1, Bc, d, causal, offset,
+                                                elem_bytes)
     # tasks in the kernel's order (batch, kv head, query block, split), in equal contiguous chunks per thread
     order = [per_block[ib, sp] for _ in range(B * Hkv) for ib in range(Tr) for sp in range(n_splits)]
     threads = min(rates.threads, len(order))
     chunk = -(-len(order) // threads)
     slowest = max((tuple(map(sum, zip(*order[t * chunk:(t + 1) * chunk]))) for t in range(threads)
                    if order[t * chunk:(t + 1) * chunk]), key=lambda w: w[0] / rates.gemm_block + w[1] /
-                  rates.exp_block + w[2] / rates.fma_block)
-    flops, exps, fmas = slowest
+                  rates.exp_block + w[2] / rates.fma_block + w[3] / rates.task_fault + w[4] * rates.row_step_s)
+    flops, exps, fmas, tiles, row_blocks = slowest
     compute = [Phase("qk", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
                Phase("softmax", exps / rates.exp_block, "exp", threads, exps=exps),
                Phase("pv", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
-               Phase("rescale", fmas / rates.fma_block, "update", threads)]
+               Phase("rescale", fmas / rates.fma_block, "update", threads),
+               Phase("tiles", tiles / rates.task_fault, "fresh", threads, bytes=tiles),
+               Phase("bookkeeping", row_blocks * rates.row_step_s, "rows", threads)]
     # K and V cross DRAM once per kv head when a head's K/V stay in the cache between query blocks (they are
     # re-read from it), Q read and O written once
     e = elem_bytes
@@ -322,15 +335,12 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
         phases = [Phase("read", read_s, "read", rates.threads, bytes=dram_bytes)] + [
             dataclasses.replace(p, seconds=0.0) for p in compute]
     launches = 1 + (n_splits > 1)  # the flash kernel, and the merge of the key splits
-    extra = [Phase("launch", launches * rates.launch_s, "call", rates.threads)]
-    if call_overhead:
-        # the measured call on a tiny input already holds one launch
-        extra = [Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1)]
+    # the measured call on a tiny input already holds one launch
+    extra = [Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1)]
     return tuple(phases) + tuple(extra)
 
 
 def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4) -> tuple[Phase, ...]:
     """One decode step of ``kernels.attention`` (one new query against ``n_kept`` cached tokens; a pruned cache
     keeps fewer), with its fixed per-call cost."""
-    return flash_phases(rates, B, Hq, Hkv, 1, n_kept, d, causal=True, Br=1, Bc=Bc, elem_bytes=elem_bytes,
-                        call_overhead=True)
+    return flash_phases(rates, B, Hq, Hkv, 1, n_kept, d, causal=True, Br=1, Bc=Bc, elem_bytes=elem_bytes)
