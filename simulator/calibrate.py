@@ -153,18 +153,36 @@ def _machine_id() -> str:
     return f"{cpu_model()} x{os.cpu_count()}"
 
 
-def calibrate() -> HardwareSpec:
-    """Measure this machine now (a few seconds)."""
+def triad_bandwidth_of(buffer, repeats: int = 5) -> float:
+    """``triad_bandwidth`` over the three thirds of ``buffer`` (any array whose pages are mapped), viewed as
+    float64: the three arrays together are the buffer's size."""
+    flat = buffer.reshape(-1).view(np.float64)
+    n = flat.size // 3
+    a, b, c = flat[:n], flat[n:2 * n], flat[2 * n:3 * n]
+    b[:] = 1.0
+    c[:] = 2.0
+    timing = time_call(lambda: _triad(a, b, c, 3.0), repeats=repeats, warmup=1, settle_s=0.0)
+    return 4 * 8 * n / timing.min_s
+
+
+def calibrate(*, with_phase_rates: bool = False):
+    """Measure this machine now (a few seconds): its ``HardwareSpec``, and with ``with_phase_rates=True`` also its
+    ``PhaseRates`` (``phase_rates``), returned as (spec, rates). One buffer of ``dram_test_bytes()`` serves every
+    DRAM measurement: the triad over its thirds, the reads and the one-core passes over it (faulting its pages in
+    once takes longer, on this VM, than all the measurements over it)."""
     import psutil
 
     caches = cache_sizes()
     l2 = caches.get("L2", 2**20)
     cores = os.cpu_count() or 1
+    buffer = _filled(dram_test_bytes() // 4, 1.0, np.float32)
     # Numba's parallel regions first, NumPy's BLAS last: OpenBLAS's threads spin for a while after an sgemm, and
     # a triad of a few microseconds run beside them measured 8 ms per call (seen after the model tests)
     cache_bw = cache_triad_bandwidth(l2 // 4)  # three arrays that fit in one L2 together, split over the cores
-    dram_bw = triad_bandwidth(dram_test_bytes())
+    dram_bw = triad_bandwidth_of(buffer)  # the three arrays together: twice the largest cache the OS reports
     launch_s = launch_overhead()
+    rates = phase_rates(write_all=dram_bw, launch_s=launch_s, buffer=buffer) if with_phase_rates else None
+    del buffer
     fp32 = sgemm_flops()
     spec = HardwareSpec(
         name=f"cpu ({_machine_id()})", kind="cpu",
@@ -179,7 +197,20 @@ def calibrate() -> HardwareSpec:
         sram_bandwidth_measured=cache_bw,
         measured_on=_dt.date.today().isoformat(),
     )
-    return from_toml(spec.to_toml(), origin="calibration")  # what the cache file will hold, to the last bit
+    spec = from_toml(spec.to_toml(), origin="calibration")  # what the cache file will hold, to the last bit
+    return (spec, rates) if with_phase_rates else spec
+
+
+def _cached_spec() -> HardwareSpec | None:
+    """The spec in the cache file, if it is there, readable and from this machine."""
+    path = user_cache_dir() / CACHE_FILE
+    if not path.is_file():
+        return None
+    try:
+        spec = from_toml(path.read_text(), origin=str(path))
+    except ValueError:
+        return None
+    return spec if spec.name == f"cpu ({_machine_id()})" else None
 
 
 def cpu_spec(force: bool = False) -> HardwareSpec:
@@ -187,19 +218,11 @@ def cpu_spec(force: bool = False) -> HardwareSpec:
 
     ``force=True`` measures again.
     """
-    path = user_cache_dir() / CACHE_FILE
-    if not force and path.is_file():
-        try:
-            spec = from_toml(path.read_text(), origin=str(path))
-        except ValueError:
-            spec = None
-        if spec is not None and spec.name == f"cpu ({_machine_id()})":
-            return spec
+    spec = None if force else _cached_spec()
+    if spec is not None:
+        return spec
     spec = calibrate()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(spec.to_toml())
-    os.replace(tmp, path)
+    _save(user_cache_dir() / CACHE_FILE, spec.to_toml())
     return spec
 
 
@@ -237,8 +260,9 @@ def llc_curve(buffer, l2_bytes: int) -> tuple[float, tuple, tuple]:
         sizes.append(float(part.nbytes))
         rates.append(part.nbytes / _best(lambda part=part: _sum_one_core(part), repeats=2))
         n *= 2
-    if len(rates) < 2:
-        return (sizes[-1] if sizes else float(l2_bytes)), tuple(sizes) or (float(l2_bytes),), (1.0,) * max(1, len(sizes))
+    if len(rates) < 2:  # a buffer too small for a curve: all of it counts as cache
+        sizes = sizes or [float(l2_bytes)]
+        return sizes[-1], tuple(sizes), (1.0,) * len(sizes)
     span = math.log(rates[0] / rates[-1]) or 1.0
     fractions = tuple(min(1.0, max(0.0, math.log(r / rates[-1]) / span)) for r in rates)
     llc = max(size for size, f in zip(sizes, fractions) if f >= 0.5)
@@ -353,10 +377,12 @@ def attention_call_seconds() -> float:
     return time_call(lambda: kernels.attention(q, k, v, causal=True), repeats=200, warmup=5, settle_s=0.0).median_s
 
 
-def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, buffer=None):
-    """Measure this machine's ``PhaseRates`` now (a few seconds). ``spec``: its calibrated ``HardwareSpec``, whose
-    triad is the all-core write rate and whose launch cost is reused (measured when not given); ``buffer``: a
-    float32 array of at least ``dram_test_bytes()`` whose pages are mapped (allocated when not given)."""
+def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: float | None = None,
+                launch_s: float | None = None, buffer=None):
+    """Measure this machine's ``PhaseRates`` now (a few seconds). The all-core write rate is the triad's and the
+    launch cost an empty parallel region's: ``write_all`` and ``launch_s`` when given, else ``spec``'s (its
+    calibration), else measured here. ``buffer``: a float32 array of at least ``dram_test_bytes()`` whose pages
+    are mapped (allocated when not given)."""
     import numba
 
     from .costs.phases import PhaseRates
@@ -382,11 +408,11 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, buffer=None):
     values.update(_standard_gemm_rates(d, threads))
     values.update(_flash_block_rates(d, threads))
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
-    if spec is None:
-        values["write_all"] = triad_bandwidth(buffer.nbytes // 3, repeats=3)
-        values["launch_s"] = launch_overhead()
-    else:
-        values["write_all"], values["launch_s"] = spec.hbm_bandwidth, spec.launch_overhead_s
+    if write_all is None:
+        write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)
+    if launch_s is None:
+        launch_s = spec.launch_overhead_s if spec is not None else launch_overhead()
+    values["write_all"], values["launch_s"] = write_all, launch_s
     values["attention_call_s"] = attention_call_seconds()
     values["row_step_s"] = 0.0
     values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
@@ -431,9 +457,19 @@ def cpu_phase_rates(force: bool = False):
                 return PhaseRates.from_toml(text, origin=str(path))
             except ValueError:
                 pass
-    rates = phase_rates(spec=cpu_spec())
+    spec = _cached_spec()
+    if spec is None:  # both at once, over one buffer
+        spec, rates = calibrate(with_phase_rates=True)
+        _save(user_cache_dir() / CACHE_FILE, spec.to_toml())
+    else:
+        rates = phase_rates(spec=spec)
+    _save(path, stamp + rates.to_toml())
+    return PhaseRates.from_toml(stamp + rates.to_toml())
+
+
+def _save(path, text):
+    """Write ``text`` to ``path`` atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(stamp + rates.to_toml())
+    tmp.write_text(text)
     os.replace(tmp, path)
-    return PhaseRates.from_toml(stamp + rates.to_toml())
