@@ -274,13 +274,19 @@ def _numpy_pass_rates(x, y, level: str) -> dict:
     read + written per second; exp in elements per second), keyed as ``PhaseRates``' fields of ``level``."""
     rows = x.reshape(-1, 1024)  # (rows, 1024): row reductions over the last axis, as over scores
     y_rows = y.reshape(-1, 1024)
+    # from DRAM a pass takes tens of milliseconds: two repeats, no warm-up (the pages are mapped already)
+    repeats, warmup = (3, 1) if level == "llc" else (2, 0)
+
+    def best(fn):
+        return _best(fn, repeats=repeats, warmup=warmup)
+
     rates = {
-        f"reduce_{level}": x.nbytes / _best(lambda: rows.max(axis=-1, keepdims=True)),
-        f"update_{level}": 2 * y.nbytes / _best(lambda: np.multiply(y, np.float32(1.0), out=y)),
+        f"reduce_{level}": x.nbytes / best(lambda: rows.max(axis=-1, keepdims=True)),
+        f"update_{level}": 2 * y.nbytes / best(lambda: np.multiply(y, np.float32(1.0), out=y)),
     }
     mask = np.tri(1024, dtype=bool)  # (1024, 1024) broadcast over the leading axis, as the causal mask over heads
     y3 = y.reshape(-1, 1024, 1024)
-    rates[f"masked_{level}"] = 2 * y.nbytes / _best(lambda: np.copyto(y3, np.float32(-1.0), where=mask))
+    rates[f"masked_{level}"] = 2 * y.nbytes / best(lambda: np.copyto(y3, np.float32(-1.0), where=mask))
 
     def exp_in_place():  # the scores restored first (untimed), so every repeat sees the same values
         np.copyto(y, x)
@@ -288,7 +294,8 @@ def _numpy_pass_rates(x, y, level: str) -> dict:
         np.exp(y, out=y)
         return time.perf_counter() - start
 
-    exp_in_place()
+    if level == "llc":
+        exp_in_place()
     rates[f"exp_{level}"] = y.size / min(exp_in_place() for _ in range(2))
     if level == "dram":
         m = np.zeros((y_rows.shape[0], 1), dtype=np.float32)  # (rows, 1), as the row max
@@ -377,6 +384,28 @@ def attention_call_seconds() -> float:
     return time_call(lambda: kernels.attention(q, k, v, causal=True), repeats=200, warmup=5, settle_s=0.0).median_s
 
 
+def int8_call_seconds() -> float:
+    """Seconds of one ``Int8Linear`` call on a 64-vector against a 64 × 64 weight: the fixed cost of the int8 path
+    (outlier scan, quantization, its kernel launches)."""
+    from kernels.int8 import Int8Linear
+
+    rng = np.random.default_rng(0)
+    layer = Int8Linear.from_float(rng.standard_normal((64, 64), dtype=np.float32))
+    x = rng.standard_normal((1, 64), dtype=np.float32)
+    return time_call(lambda: layer(x), repeats=200, warmup=5, settle_s=0.0).median_s
+
+
+def gemv_rates(buffer, llc_bytes: float) -> dict:
+    """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: W a (N, 4096) view of the mapped
+    ``buffer`` (DRAM: half the buffer) and of a quarter of the effective LLC (the cache)."""
+    K = 4096
+    x = np.ones((1, K), dtype=np.float32)
+    w_dram = buffer[:buffer.size // 2 // K * K].reshape(-1, K)  # (N, K)
+    w_llc = np.ones((max(1, int(llc_bytes) // 4 // 4 // K), K), dtype=np.float32)  # (N, K)
+    return {"gemv_fp32_dram": w_dram.nbytes / _best(lambda: x @ w_dram.T, repeats=3),
+            "gemv_fp32_llc": w_llc.nbytes / _best(lambda: x @ w_llc.T, repeats=20, warmup=3)}
+
+
 def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: float | None = None,
                 launch_s: float | None = None, buffer=None):
     """Measure this machine's ``PhaseRates`` now (a few seconds). The all-core write rate is the triad's and the
@@ -395,12 +424,13 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values = {"threads": threads}
     values["read_all"] = read_bandwidth_of(buffer, repeats=3)
     values["llc_bytes"], values["llc_curve_bytes"], values["llc_curve_fraction"] = llc_curve(buffer, l2)
-    # one core's NumPy passes from the cache (arrays of 2·L2, past one core's L2) and from DRAM (two halves of the
-    # buffer: a pass over both moves twice the largest cache the OS reports)
-    half = (buffer.size // 2) // 2**20 * 2**20  # whole (1024, 1024) planes for the masked store
+    # one core's NumPy passes from the cache (arrays of 2·L2, past one core's L2) and from DRAM (two quarters of
+    # the buffer: a pass over both covers the largest cache the OS reports, where one core's read rate measured
+    # above has long reached DRAM's)
+    half = (buffer.size // 4) // 2**20 * 2**20  # whole (1024, 1024) planes for the masked store
     rng = np.random.default_rng(0)
-    scores = rng.uniform(*SCORE_RANGE, buffer.size // 64).astype(np.float32)
-    buffer[:half] = np.resize(scores, half)
+    scores = rng.uniform(*SCORE_RANGE, 2**20).astype(np.float32)  # (2^20,) repeated over the first half
+    buffer[:half].reshape(-1, 2**20)[:] = scores  # (in place: a new array of this size would fault in slowly)
     small = max(2**20, (2 * l2 // 4) // 2**20 * 2**20)
     x_small, y_small = buffer[:small].copy(), np.empty(small, dtype=np.float32)
     values.update(_numpy_pass_rates(x_small, y_small, "llc"))
@@ -414,6 +444,10 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
         launch_s = spec.launch_overhead_s if spec is not None else launch_overhead()
     values["write_all"], values["launch_s"] = write_all, launch_s
     values["attention_call_s"] = attention_call_seconds()
+    values["int8_call_s"] = int8_call_seconds()
+    llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
+    values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
+    values.update(gemv_rates(buffer, values["llc_bytes"]))  # NumPy's BLAS last: its threads spin afterwards
     values["row_step_s"] = 0.0
     values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
     values["calibration_s"] = time.perf_counter() - start

@@ -48,7 +48,8 @@ _FIELDS = (
     ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
     ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
     ("row_step_s", 1e-9, "ns"),
-    ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"),
+    ("read_all_llc", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"), ("gemv_fp32_dram", 1e9, "GB/s"),
+    ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
     ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
     ("calibration_s", 1, "s"),
 )
@@ -73,7 +74,9 @@ class PhaseRates:
     a thread faults in the tiles each task allocates (``np.empty`` per task), ``row_step_s`` the seconds per query
     row and key block that the kernel takes beyond those parts (its online-softmax bookkeeping, the first block's
     row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
-    ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input. ``calibration_s``: how long
+    ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
+    ``Int8Linear`` call on a tiny vector. ``read_all_llc``: the all-core read rate from the last-level cache;
+    ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM. ``calibration_s``: how long
     measuring all of this took.
     """
 
@@ -98,8 +101,12 @@ class PhaseRates:
     fma_block: float
     task_fault: float
     row_step_s: float
+    read_all_llc: float
+    gemv_fp32_llc: float
+    gemv_fp32_dram: float
     launch_s: float
     attention_call_s: float
+    int8_call_s: float
     gemm_d: int
     block_br: int
     block_bc: int
@@ -344,3 +351,28 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
     """One decode step of ``kernels.attention`` (one new query against ``n_kept`` cached tokens; a pruned cache
     keeps fewer), with its fixed per-call cost."""
     return flash_phases(rates, B, Hq, Hkv, 1, n_kept, d, causal=True, Br=1, Bc=Bc, elem_bytes=elem_bytes)
+
+
+def _by_level(rates, llc_rate, dram_rate, footprint):
+    f = cache_fraction(rates, footprint)
+    return dram_rate ** (1 - f) * llc_rate ** f
+
+
+def dense_gemv_phases(rates: PhaseRates, K, N) -> tuple[Phase, ...]:
+    """y = x · Wᵀ for one float32 vector x (K,) and W (N, K) in NumPy (its BLAS on all cores): the weight's bytes
+    at the GEMV rate measured for where they lie (the cache or DRAM)."""
+    _check(K=K, N=N)
+    w_bytes = 4 * K * N
+    return (Phase("gemv", w_bytes / _by_level(rates, rates.gemv_fp32_llc, rates.gemv_fp32_dram, w_bytes), "read",
+                  rates.threads, flops=2 * K * N, bytes=w_bytes),)
+
+
+def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]:
+    """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the all-core read
+    rate of where it lies, plus the fixed cost of a call (outlier scan, quantization, launches) measured on a tiny
+    vector; the ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes."""
+    _check(K=K, N=N)
+    w_bytes = K * N + 4 * N + N * n_outliers
+    read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes)
+    return (Phase("int8_gemv", read_s, "read", rates.threads, flops=2 * K * N, bytes=w_bytes),
+            Phase("call", rates.int8_call_s, "call", 1))
