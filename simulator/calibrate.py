@@ -451,7 +451,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["row_step_s"] = 0.0
     values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
     values["calibration_s"] = time.perf_counter() - start
-    return PhaseRates(**values)
+    return PhaseRates.from_toml(PhaseRates(**values).to_toml())  # what the cache file will hold, to the last bit
 
 
 def flash_row_step_seconds(rates, d: int) -> float:

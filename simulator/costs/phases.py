@@ -76,8 +76,8 @@ class PhaseRates:
     row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
     ``Int8Linear`` call on a tiny vector. ``read_all_llc``: the all-core read rate from the last-level cache;
-    ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM. ``calibration_s``: how long
-    measuring all of this took.
+    ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM.
+    ``calibration_s``: how long measuring all of this took.
     """
 
     threads: int
