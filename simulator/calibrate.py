@@ -432,7 +432,8 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     scores = rng.uniform(*SCORE_RANGE, 2**20).astype(np.float32)  # (2^20,) repeated over the first half
     buffer[:half].reshape(-1, 2**20)[:] = scores  # (in place: a new array of this size would fault in slowly)
     small = max(2**20, (2 * l2 // 4) // 2**20 * 2**20)
-    x_small, y_small = buffer[:small].copy(), np.empty(small, dtype=np.float32)
+    x_small = buffer[:small].copy()
+    y_small = x_small.copy()
     values.update(_numpy_pass_rates(x_small, y_small, "llc"))
     values.update(_numpy_pass_rates(buffer[:half], buffer[half:2 * half], "dram"))
     values.update(_standard_gemm_rates(d, threads))
