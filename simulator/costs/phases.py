@@ -161,7 +161,7 @@ class Phase:
 
     name: str
     seconds: float
-    kind: str  # "gemm", "exp", "reduce", "update", "fresh", "masked", "tasks", "read", "call"
+    kind: str  # "gemm", "exp", "reduce", "update", "fresh", "masked", "rows", "read" or "call"
     threads: int
     flops: float = 0.0
     exps: float = 0.0
@@ -232,11 +232,10 @@ def standard_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, e
     s_bytes = E * e
     kv_bytes = B * Hkv * Nk * d * e
     q_bytes = B * Hq * Nq * d * e
-    llc = rates.llc_bytes
+    s_dram = s_bytes * (1 - cache_fraction(rates, s_bytes))  # the share of S and P that reaches DRAM
     phases = [
         # S = QKᵀ, one GEMM of K = d per kv head on all threads, into a new (B, Hq, Nq, Nk) array
-        _gemm(rates, "qk", 2 * E * d, rates.gemm_qk, q_bytes + kv_bytes, s_bytes if s_bytes > llc else 0,
-              new_bytes=s_bytes),
+        _gemm(rates, "qk", 2 * E * d, rates.gemm_qk, q_bytes + kv_bytes, s_dram, new_bytes=s_bytes),
     ]
     if causal:
         # the (Nq, Nk) boolean mask and its negation, two new arrays, then S[~visible] = -inf in one masked store
@@ -255,7 +254,7 @@ def standard_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, e
     phases.append(_pass(rates, "sum", "reduce", s_bytes, s_bytes))
     phases.append(_pass(rates, "normalize", "update", 2 * s_bytes, s_bytes))
     # O = PV, one GEMM of K = Nk per kv head on all threads, reading P
-    phases.append(_gemm(rates, "pv", 2 * E * d, rates.gemm_pv, (s_bytes if s_bytes > llc else 0) + kv_bytes))
+    phases.append(_gemm(rates, "pv", 2 * E * d, rates.gemm_pv, s_dram + kv_bytes))
     return tuple(phases)
 
 

@@ -12,7 +12,7 @@ from ..costs import phases
 from ..measure import time_call
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
-from .measured import error_pct, rates_now
+from .measured import error_pct, fresh_rates
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 THRESHOLDS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0, 40.0, 80.0)
@@ -59,7 +59,7 @@ def int8_section(ctx: RunContext) -> Section:
     write_csv(ctx.directory / "int8_error.csv", err_rows)
 
     gemv_rows = []
-    rates = rates_now(ctx)
+    rates = fresh_rates(ctx)
     for k in GEMV_SIZES[ctx.quick]:
         ctx.step(f"int8: GEMV {k}x{k}")
         x1, w1 = planted_inputs(rng, 1, k, k)

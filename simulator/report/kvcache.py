@@ -19,7 +19,7 @@ from ..costs import phases
 from ..measure import time_call
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
-from .measured import error_pct, rates_now
+from .measured import error_pct, fresh_rates
 
 MODELS = ("smollm2-135m", "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b")
 CONTEXTS = (1024, 4096, 16384, 32768, 65536, 131072)
@@ -42,7 +42,7 @@ def kvcache_section(ctx: RunContext) -> Section:
     write_csv(ctx.directory / "kv_cache_memory.csv", mem_rows)
 
     capacity = 1024
-    rates = rates_now(ctx)
+    rates = fresh_rates(ctx)
     _, bc = default_blocks(D, 4, HQ // HKV)  # the flash kernel's key block (decode: Br = 1)
     llc = cache_sizes().get("L3", 32 * 2**20)
     rng = np.random.default_rng(ctx.seed)

@@ -30,6 +30,16 @@ def rates_now(ctx: RunContext):
     return ctx.phase_rates
 
 
+def fresh_rates(ctx: RunContext):
+    """The per-phase rates for the measurements that follow: in the full report measured again now (each section,
+    and each attention size, is compared with rates measured just before it, as other processes come and go on a
+    shared machine), in the quick report the run's first measurement (``rates_now``)."""
+    if ctx.quick:
+        return rates_now(ctx)
+    ctx.phase_rates = phase_rates(spec=ctx.cpu)
+    return ctx.phase_rates
+
+
 # the per-phase rates the machine table shows: (field, label, factor, unit)
 RATE_ROWS = (("llc_bytes", "effective_llc_mib", 2**20, ""), ("read_all", "read_all_cores_gb_per_s", 1e9, ""),
              ("reduce_dram", "numpy_row_reduce_1core_dram_gb_per_s", 1e9, ""),
@@ -118,11 +128,11 @@ def attention_cpu_section(ctx: RunContext) -> Section:
     """Time and peak memory of standard vs flash attention on this CPU vs N (B=1, H=8, d=64, float32), beside the
     time the per-phase model predicts with the rates measured in this run (and the roofline's, for contrast);
     the standard algorithm's phases are timed one by one beside their predictions."""
-    rates = rates_now(ctx)
     rng = np.random.default_rng(ctx.seed)
     rows, phase_rows = [], []
     repeats = 3 if ctx.quick else 5
     for n in ATTN_SIZES[ctx.quick]:
+        rates = fresh_rates(ctx)
         q, k, v = (rng.standard_normal((1, ATTN_HEADS, n, ATTN_D), dtype=np.float32) for _ in range(3))
         expected = kernels.attention(q, k, v, causal=False, algorithm="flash")
         for causal in (False, True):
@@ -180,8 +190,8 @@ def n_where_scores_fit(llc_bytes: int) -> float:
 def _attention_markdown(rows: list[dict], phase_rows: list[dict], llc: int, rates) -> str:
     by_key = {(r["algorithm"], r["causal"], r["n"]): r for r in rows}
     lines = ["Batch 1, 8 heads, d = 64, float32; median of repeated calls; GFLOP/s = 4·N²·d·H / t (half for "
-             "causal). *Predicted* is the per-phase model (`simulator.costs.phases`) on the rates measured at the "
-             "start of this run: the standard algorithm's matmuls on all threads and its softmax passes on one "
+             "causal). *Predicted* is the per-phase model (`simulator.costs.phases`) on the rates measured in this "
+             "run (before each size in the full report, once in the quick one): the standard algorithm's matmuls on all threads and its softmax passes on one "
              "core, in NumPy, each at its own measured rate; the flash kernel's block products, exps and rescale "
              "per thread. *Roofline* is `Cost.time` on the calibrated spec (all-core DRAM bandwidth, no exp), for "
              "contrast. Error = (predicted − measured) / measured. The machine is shared: other processes may have "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
-from .measured import error_pct, rates_now
+from .measured import error_pct, fresh_rates
 
 VARIANTS = (("fp32", {"linear": "fp32"}), ("int8 (fp16 outlier rows)", {"linear": "int8", "keep_fp16_weights": True}),
             ("int8 (int8 weights only)", {"linear": "int8"}), ("naive int8", {"linear": "naive-int8"}))
@@ -36,7 +36,7 @@ def model_section(ctx: RunContext) -> Section:
     n_tokens = TOKENS[ctx.quick]
     variants = _variants(ctx.quick)
     rows, outliers, speed = [], None, []
-    rates = rates_now(ctx)
+    rates = fresh_rates(ctx)
     # bytes/s: all cores reading, nothing written back, as a decode step streams (the rate every prediction of this
     # report uses for streamed weights, measured at the start of the run)
     read_bw = rates.read_all
