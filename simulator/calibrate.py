@@ -23,7 +23,7 @@ from numba import njit, prange
 from kernels.cpuinfo import cache_sizes, cpu_model, user_cache_dir
 
 from .hardware.spec import HardwareSpec, from_toml
-from .measure import time_call
+from .measure import SETTLE_S, time_call
 
 CACHE_FILE = "cpu-spec.toml"
 MIN_DRAM_BYTES = 256 * 2**20  # per array of a DRAM measurement, at least
@@ -428,6 +428,10 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values = {"threads": threads}
     values["read_all"] = read_bandwidth_of(buffer, repeats=3)
     values["llc_bytes"], values["llc_curve_bytes"], values["llc_curve_fraction"] = llc_curve(buffer, l2)
+    # NumPy's BLAS first, then an idle pause: its threads spin for ~0.1 s after a call (OpenBLAS's THREAD_TIMEOUT)
+    # and would take the cores from every measurement after it, this calibration's and the caller's
+    values.update(gemv_rates(buffer, values["llc_bytes"]))
+    time.sleep(SETTLE_S)
     # one core's NumPy passes from the cache (arrays of 2·L2, past one core's L2) and from DRAM (two quarters of
     # the buffer: a pass over both covers the largest cache the OS reports, where one core's read rate measured
     # above has long reached DRAM's)
@@ -452,7 +456,6 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["int8_call_s"] = int8_call_seconds()
     llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
     values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
-    values.update(gemv_rates(buffer, values["llc_bytes"]))  # NumPy's BLAS last: its threads spin afterwards
     values["row_step_s"] = 0.0
     values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
     values["calibration_s"] = time.perf_counter() - start
