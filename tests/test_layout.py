@@ -38,12 +38,12 @@ KNOWN = {
     ("simulator.gpu_probe", "kernels.attn._cupy"): _TIER,
     ("simulator.gpu_probe", "kernels.kvprune._cupy"): _TIER,
     # no public function runs these pieces alone
-    ("simulator._phase_kernels", "kernels._common.numba_cpu.FASTMATH"): _PIECES,
-    ("simulator._phase_kernels", "kernels._common.numba_cpu.exp_row"): _PIECES,
-    ("simulator.calibrate", "kernels._common.blas.single_threaded_blas"): _PIECES,
-    ("simulator.calibrate", "kernels._common.blas.TASKS_PER_THREAD"): _PIECES,
-    ("simulator.calibrate", "kernels._common.blas._batched_nn"): _PIECES,
-    ("simulator.calibrate", "kernels._common.blas._batched_nt"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.numba_cpu.FASTMATH"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.numba_cpu.exp_row"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas.single_threaded_blas"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas.TASKS_PER_THREAD"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas._batched_nn"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas._batched_nt"): _PIECES,
 }
 
 

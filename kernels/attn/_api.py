@@ -11,7 +11,7 @@ from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
 from ._blocks import default_blocks
 from .._common.memory import ensure_fits
-from ._standard import PHASES as STANDARD_PHASES, standard_forward
+from ._standard import standard_forward
 from ._validate import COMPUTE_DTYPE, as_compute_4d, validate
 
 ALGORITHMS = ("flash", "standard")
@@ -292,8 +292,8 @@ def standard_phase_times(q, k, v, *, causal=False, scale=None):
     """Run ``attention(q, k, v, algorithm="standard", backend="cpu")`` once and time its phases.
 
     Returns ``(o, seconds)``: the output, and a dict of wall seconds per phase, in the order they ran
-    (``STANDARD_PHASES``): ``qk`` (S = QKᵀ on Numba's pool), ``mask`` (causal only: the mask built and applied),
-    ``max`` (row max of S), ``subtract`` (P = scale·(S − max), a new array), ``exp``, ``sum`` (row sums),
+    (``kernels.attn.STANDARD_PHASES``): ``qk`` (S = QKᵀ on Numba's pool), ``mask`` (causal only: the mask built
+    and applied), ``max`` (row max of S), ``subtract`` (P = scale·(S − max), a new array), ``exp``, ``sum`` (row sums),
     ``normalize`` (P /= l) and ``pv`` (O = PV). The elementwise phases run in NumPy on one core. For the cost
     model's per-phase validation (``simulator.costs.phases``); inputs as for ``attention`` (NumPy arrays).
     """

@@ -16,7 +16,7 @@ kernels do not run that way, and this module models what they run (``kernels/att
 - a decode step is the flash kernel with Nq = 1: its K/V bytes at the all-core read bandwidth, plus the fixed cost
   of one call (validation, allocation, launches) measured on this machine.
 
-Every rate is a ``PhaseRates`` field, measured by ``simulator.calibrate.phase_rates``. Sizes are plain integers
+Every rate is a ``PhaseRates`` field, measured by ``simulator.calibrate_phases.phase_rates``. Sizes are plain integers
 (one configuration at a time: the flash model sums over the kernel's tasks).
 """
 from __future__ import annotations

@@ -120,7 +120,7 @@ def int8_section(ctx: RunContext) -> Section:
             f"{float(r['int8_predicted_s']) * 1e6:.0f} | {float(r['measured_speedup']):.2f}× | "
             f"{float(r['predicted_speedup']):.2f}× | {float(r['error_pct']):+.0f}% | "
             f"{float(r['roofline_speedup']):.2f}× |" for r in gemv_rows) + "\n\n"
-        f"![GEMV speedup](int8_gemv.png)\n\n"
+        "![GEMV speedup](int8_gemv.png)\n\n"
         f"Data: [int8_weight_memory.csv](int8_weight_memory.csv), [int8_error.csv](int8_error.csv), "
         f"[int8_gemv.csv](int8_gemv.csv)\n")
     files = ("int8_weight_memory.csv", "int8_weight_memory.png", "int8_error.csv", "int8_error.png",

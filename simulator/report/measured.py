@@ -11,7 +11,7 @@ from kernels.cpuinfo import cache_sizes, cpu_model
 from kernels.attn import default_blocks
 
 from .. import costs
-from ..calibrate import phase_rates
+from ..calibrate_phases import phase_rates
 from ..costs import phases
 from ..measure import peak_memory, time_call
 from .charts import ALGO_COLORS, figure, save

@@ -152,7 +152,7 @@ VALIDATION = textwrap.dedent("""
     import json, sys
     import numpy as np
     import kernels
-    from simulator.calibrate import phase_rates
+    from simulator.calibrate_phases import phase_rates
     from simulator.costs import phases
     from simulator.measure import time_call
 
