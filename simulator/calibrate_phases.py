@@ -63,6 +63,16 @@ def block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, iterations):
                     o_acc[t, r, c] = alpha[t, r] * o_acc[t, r, c] + pv[t, r, c]
 
 
+@njit(parallel=True, cache=True)
+def skinny_products(q, k, v, s, pv, bc):
+    """Task t: the block products of a decode step over kv head t's keys, Bc at a time: S = q K_jᵀ (rows × Bc)
+    and S V_j, for a few query rows q (rows, d) against K and V (heads, n, d) that stream from DRAM."""
+    for t in prange(k.shape[0]):
+        for c0 in range(0, k.shape[1] - bc + 1, bc):
+            np.dot(q, k[t, c0:c0 + bc].T, s[t])
+            np.dot(s[t], v[t, c0:c0 + bc], pv[t])
+
+
 @njit(inline="always")
 def _touch(buffers_s, buffers_p, q_i, pv):
     for i in range(buffers_s.size):
@@ -265,6 +275,27 @@ def int8_call_seconds() -> float:
     return time_call(lambda: layer(x), repeats=200, warmup=5, settle_s=0.0).median_s
 
 
+DECODE_ROWS = 4  # query rows of a decode step's block products: one token times a GQA group of 4 (Llama-3-8B's)
+
+
+def decode_stream_rate(buffer, d: int, bc: int, threads: int) -> float:
+    """Bytes/s of K and V that a decode step's block products stream from DRAM on all threads: ``DECODE_ROWS``
+    query rows against 4 kv heads per thread of keys, Bc at a time, K and V views of a quarter of ``buffer`` each
+    (the flash kernel's products with Br = 1: skinny GEMMs that BLAS runs far below its GEMM rate)."""
+    from kernels._common.blas import single_threaded_blas
+
+    heads = 4 * threads
+    n = (buffer.size // 4) // (heads * d) // bc * bc
+    k = buffer[:heads * n * d].reshape(heads, n, d)  # (heads, n, d)
+    v = buffer[heads * n * d:2 * heads * n * d].reshape(heads, n, d)  # (heads, n, d)
+    q = np.ones((DECODE_ROWS, d), dtype=np.float32)  # (rows, d)
+    s = np.empty((heads, DECODE_ROWS, bc), dtype=np.float32)  # (heads, rows, Bc)
+    pv = np.empty((heads, DECODE_ROWS, d), dtype=np.float32)  # (heads, rows, d)
+    with single_threaded_blas():
+        skinny_products(q, k[:, :bc], v[:, :bc], s, pv, bc)  # compile and warm
+        return (k.nbytes + v.nbytes) / _best(lambda: skinny_products(q, k, v, s, pv, bc), repeats=2, warmup=0)
+
+
 def gemv_rates(buffer, llc_bytes: float) -> dict:
     """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: W a (N, 4096) view of the mapped
     ``buffer`` (DRAM: half the buffer) and of a quarter of the effective LLC (the cache)."""
@@ -313,6 +344,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values.update(_standard_gemm_rates(d, threads))
     values.update(_flash_block_rates(d, threads))
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
+    values["decode_stream"] = decode_stream_rate(buffer, d, values["block_bc"], threads)
     if write_all is None:
         write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)
     if launch_s is None:

@@ -48,7 +48,7 @@ _FIELDS = (
     ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
     ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
     ("row_step_s", 1e-9, "ns"),
-    ("read_all_llc", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"), ("gemv_fp32_dram", 1e9, "GB/s"),
+    ("read_all_llc", 1e9, "GB/s"), ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"), ("gemv_fp32_dram", 1e9, "GB/s"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
     ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
     ("calibration_s", 1, "s"),
@@ -76,6 +76,8 @@ class PhaseRates:
     row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
     ``Int8Linear`` call on a tiny vector. ``read_all_llc``: the all-core read rate from the last-level cache;
+    ``decode_stream``: the K/V bytes/s that a decode step's block products (a few query rows against Bc keys, the
+    flash kernel with Br = 1) stream from DRAM on all threads;
     ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM.
     ``calibration_s``: how long measuring all of this took.
     """
@@ -102,6 +104,7 @@ class PhaseRates:
     task_fault: float
     row_step_s: float
     read_all_llc: float
+    decode_stream: float
     gemv_fp32_llc: float
     gemv_fp32_dram: float
     launch_s: float
@@ -348,8 +351,17 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
 
 def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4) -> tuple[Phase, ...]:
     """One decode step of ``kernels.attention`` (one new query against ``n_kept`` cached tokens; a pruned cache
-    keeps fewer), with its fixed per-call cost."""
-    return flash_phases(rates, B, Hq, Hkv, 1, n_kept, d, causal=True, Br=1, Bc=Bc, elem_bytes=elem_bytes)
+    keeps fewer): the flash kernel with Br = 1, whose block products are skinny GEMMs (the query heads of a GQA
+    group against Bc keys), so its K/V bytes stream at the rate measured for that shape class
+    (``rates.decode_stream``), not at the all-core read bandwidth; plus the fixed cost of the call and the launch
+    that merges the key splits."""
+    _check(B=B, Hq=Hq, Hkv=Hkv, n_kept=n_kept, d=d, Bc=Bc, elem_bytes=elem_bytes)
+    kv_bytes = 2 * B * Hkv * n_kept * d * elem_bytes
+    n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), rates.threads)
+    stream = _by_level(rates, rates.read_all_llc, rates.decode_stream, kv_bytes)
+    launches = 1 + (n_splits > 1)
+    return (Phase("read", kv_bytes / stream, "read", rates.threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
+            Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1))
 
 
 def _by_level(rates, llc_rate, dram_rate, footprint):
