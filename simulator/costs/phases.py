@@ -353,12 +353,13 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
     """One decode step of ``kernels.attention`` (one new query against ``n_kept`` cached tokens; a pruned cache
     keeps fewer): the flash kernel with Br = 1, whose block products are skinny GEMMs (the query heads of a GQA
     group against Bc keys), so its K/V bytes stream at the rate measured for that shape class
-    (``rates.decode_stream``), not at the all-core read bandwidth; plus the fixed cost of the call and the launch
-    that merges the key splits."""
+    (``rates.decode_stream``, from DRAM), not at the all-core read bandwidth; plus the fixed cost of the call and
+    the launch that merges the key splits."""
     _check(B=B, Hq=Hq, Hkv=Hkv, n_kept=n_kept, d=d, Bc=Bc, elem_bytes=elem_bytes)
     kv_bytes = 2 * B * Hkv * n_kept * d * elem_bytes
     n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), rates.threads)
-    stream = _by_level(rates, rates.read_all_llc, rates.decode_stream, kv_bytes)
+    # the cache is cold, whatever its size: in a model each layer has its own, and the weights stream in between
+    stream = rates.decode_stream
     launches = 1 + (n_splits > 1)
     return (Phase("read", kv_bytes / stream, "read", rates.threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
             Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1))
