@@ -119,7 +119,9 @@ def test_decode_is_bound_by_its_bytes_and_its_call():
     assert read.seconds == pytest.approx(kv_bytes / RATES.decode_stream)  # from DRAM, at the skinny products' rate
     call = next(p for p in pruned if p.name == "call")
     assert call.seconds >= RATES.attention_call_s
-    assert phases.total_seconds(pruned) > 2 * pruned[0].seconds  # a pruned cache's read does not hide the call
+    # the fixed cost stays: the speedup of a 64x smaller cache is well below 64
+    mid = phases.decode_phases(RATES, 1, 9, 3, 65536, 64, Bc=512)
+    assert phases.total_seconds(mid) / phases.total_seconds(pruned) < 0.9 * 64
 
 
 def test_int8_gemv_pays_a_quarter_of_the_bytes_and_its_call():
