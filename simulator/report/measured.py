@@ -153,7 +153,8 @@ def attention_cpu_section(ctx: RunContext) -> Section:
                 predicted_s = phases.total_seconds(predicted)
                 roofline_s, predicted_bytes, bound = _roofline(ctx.cpu, algorithm, n, causal)
                 measured_phase = {}
-                if algorithm == "standard":
+                # the phases one by one: at every size in the full report, at the largest in the quick one
+                if algorithm == "standard" and (not ctx.quick or n == max(ATTN_SIZES[ctx.quick])):
                     runs = [kernels.attn.standard_phase_times(q, k, v, causal=causal)[1]
                             for _ in range(PHASE_REPEATS)]
                     measured_phase = {name: float(np.median([r[name] for r in runs])) for name in runs[0]}
