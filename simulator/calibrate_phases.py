@@ -296,6 +296,18 @@ def decode_stream_rate(buffer, d: int, bc: int, threads: int) -> float:
         return (k.nbytes + v.nbytes) / _best(lambda: skinny_products(q, k, v, s, pv, bc), repeats=2, warmup=0)
 
 
+def dense_gemv_rate(buffer) -> float:
+    """Weight bytes/s of this library's float32 GEMV (``kernels.dense.matmul_nt``, Numba's threads: the linear
+    layers of a float32 model) over a (N, 4096) view of a quarter of the mapped ``buffer``, from DRAM."""
+    from kernels.dense import matmul_nt
+
+    K = 4096
+    w = buffer[:buffer.size // 4 // K * K].reshape(-1, K)  # (N, K)
+    x = np.ones((1, K), dtype=np.float32)
+    matmul_nt(x, w[:8])  # compile and warm
+    return w.nbytes / _best(lambda: matmul_nt(x, w), repeats=2, warmup=0)
+
+
 def gemv_rates(buffer, llc_bytes: float) -> dict:
     """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: W a (N, 4096) view of the mapped
     ``buffer`` (DRAM: half the buffer) and of a quarter of the effective LLC (the cache)."""
@@ -345,6 +357,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values.update(_flash_block_rates(d, threads))
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
     values["decode_stream"] = decode_stream_rate(buffer, d, values["block_bc"], threads)
+    values["gemv_dense_dram"] = dense_gemv_rate(buffer)
     if write_all is None:
         write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)
     if launch_s is None:

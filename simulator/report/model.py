@@ -77,7 +77,9 @@ def model_section(ctx: RunContext) -> Section:
             f"works.\n\n![outlier dimensions per layer](smollm2_outliers.png)\n\n"
             f"Decode (one token at a time, 24 tokens): {speed_text}; the bound is the weight bytes read per token "
             f"over this machine's all-core read bandwidth ({read_bw / 1e9:.1f} GB/s, measured in this run). The "
-            f"tied LM head stays float32 unless quantized too. *Predicted* adds to those bytes the fixed cost of "
+            f"tied LM head stays float32 unless quantized too. *Predicted* times the float32 layers' bytes at the "
+            f"rate this library's float32 GEMV streams them ({rates.gemv_dense_dram / 1e9:.1f} GB/s, measured in "
+            f"this run), the int8 ones' at the read bandwidth, and adds the fixed cost of "
             f"each of the {4 * model.config.n_layers + 1} linear calls a token makes (an int8 call's, "
             f"{rates.int8_call_s * 1e6:.0f} µs, or a parallel region's, {rates.launch_s * 1e6:.0f} µs, both "
             f"measured in this run); attention over the few cached tokens and the fused norm and SwiGLU kernels "
@@ -91,13 +93,22 @@ def model_section(ctx: RunContext) -> Section:
 
 
 def predicted_seconds_per_token(model, rates) -> float:
-    """One decode token's predicted time: the weight bytes it reads at the all-core read rate, plus the fixed cost
-    of each linear call (4 per block and the LM head; ``Int8Linear``'s for int8 layers, one parallel region's for
-    float32 ones)."""
+    """One decode token's predicted time: each linear's weight bytes at its kernel's GEMV rate from DRAM (float32
+    layers through ``kernels.dense.matmul_nt``, ``rates.gemv_dense_dram``; int8 ones at the all-core read rate),
+    plus the fixed cost of each linear call (4 per block and the LM head; ``Int8Linear``'s for int8 layers, one
+    parallel region's for float32 ones)."""
     cfg = model.config
-    block_call = rates.int8_call_s if model.linear != "fp32" else rates.launch_s
-    head_call = rates.int8_call_s if model.linear != "fp32" and model.quantize_lm_head else rates.launch_s
-    return model.weight_bytes_per_token() / rates.read_all + 4 * cfg.n_layers * block_call + head_call
+    int8_blocks = model.linear != "fp32"
+    int8_head = int8_blocks and model.quantize_lm_head
+    head_bytes = model.embedding.size * (1 if int8_head else 4)
+    block_bytes = model.weight_bytes_per_token() - head_bytes
+
+    def stream(nbytes, int8):
+        return nbytes / (rates.read_all if int8 else rates.gemv_dense_dram)
+
+    calls = 4 * cfg.n_layers * (rates.int8_call_s if int8_blocks else rates.launch_s) + (
+        rates.int8_call_s if int8_head else rates.launch_s)
+    return stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head) + calls
 
 
 def _decode_speed(model, label, rates):

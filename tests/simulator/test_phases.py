@@ -23,7 +23,7 @@ RATES = PhaseRates(
     threads=2, llc_bytes=64 * 2**20, reduce_llc=20e9, reduce_dram=10e9, update_llc=60e9, update_dram=30e9,
     fresh_dram=8e9, masked_llc=30e9, masked_dram=20e9, exp_llc=2e9, exp_dram=1e9, read_all=25e9, write_all=40e9,
     first_touch_all=20e9, gemm_qk=250e9, gemm_pv=250e9, gemm_block=120e9, exp_block=3e9, fma_block=10e9,
-    task_fault=100e9, row_step_s=200e-9, read_all_llc=40e9, decode_stream=8e9, gemv_fp32_llc=30e9, gemv_fp32_dram=20e9,
+    task_fault=100e9, row_step_s=200e-9, read_all_llc=40e9, decode_stream=8e9, gemv_fp32_llc=30e9, gemv_fp32_dram=20e9, gemv_dense_dram=15e9,
     launch_s=50e-6, attention_call_s=100e-6, int8_call_s=20e-6, gemm_d=64, block_br=512, block_bc=512,
     llc_curve_bytes=(4 * 2**20, 32 * 2**20, 128 * 2**20), llc_curve_fraction=(1.0, 0.5, 0.0))
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,11 +145,12 @@ def test_sizes_are_checked(bad):
 
 # -- against this machine ----------------------------------------------------------------------------------------
 # The issue's target: predicted within 25% of measured. Timing on a shared 2-core machine is noisy, so the check
-# runs in a fresh process (no BLAS threads left spinning by earlier tests), calibrates and measures right after
-# one another, and measures a row that misses once more after calibrating again (a burst from another process
-# during one of the two); what it reports is the last attempt. The calibration's rates are the best of their
-# repeats (as STREAM reports its best run), so each call is timed as the best of 7 too: under a steady load from
-# other processes a median of the calls against best-case rates would be off by the load, not by the model.
+# runs in a fresh process (no BLAS threads left spinning by earlier tests) and calibrates and measures right after
+# one another. The calibration's rates are the best of their repeats (as STREAM reports its best run), so each call
+# is timed as the best of 7 too: under a steady load from other processes a median of the calls against best-case
+# rates would be off by the load, not by the model. When a row misses (a burst from another process during the
+# calibration or the calls), it calibrates again, keeps each rate's best of both calibrations and each call's best
+# time, and predicts every row again (twice at most): both sides tend to the machine without the other processes.
 VALIDATION = textwrap.dedent("""
     import json, sys
     import numpy as np
@@ -174,17 +175,33 @@ VALIDATION = textwrap.dedent("""
         return {"algorithm": algorithm, "n": n, "causal": causal, "measured_s": t.min_s, "median_s": t.median_s,
                 "predicted_s": predict(rates, algorithm, n, causal)}
 
+    def best(a, b):
+        # each rate's best of two calibrations (the fastest rate, the shortest fixed cost): both tend to this
+        # machine without the other processes, as the best of the repeated calls does
+        seconds = {"launch_s", "attention_call_s", "int8_call_s", "row_step_s", "calibration_s"}
+        keep = {"threads", "llc_bytes", "llc_curve_bytes", "llc_curve_fraction", "gemm_d", "block_br", "block_bc"}
+        return a.replace(**{f: (min if f in seconds else max)(getattr(a, f), getattr(b, f))
+                            for f in a.__dataclass_fields__ if f not in keep})
+
+    def missed(r):
+        return abs(r["predicted_s"] / r["measured_s"] - 1) > 0.25
+
     rows = []
     rates = phase_rates()
+    first_calibration_s = rates.calibration_s
     for n in (1024, 2048):
         for causal in (False, True):
             for algorithm in ("standard", "flash"):
                 rows.append(row(rates, algorithm, n, causal))
-    for i, r in enumerate(rows):
-        if abs(r["predicted_s"] / r["measured_s"] - 1) > 0.25:
-            rates = phase_rates()
-            rows[i] = row(rates, r["algorithm"], r["n"], r["causal"])
-    print(json.dumps({"rows": rows, "calibration_s": rates.calibration_s}))
+    for attempt in range(2):  # a burst from other processes: calibrate again, measure the rows that missed again
+        if not any(missed(r) for r in rows):
+            break
+        rates = best(rates, phase_rates())
+        for i, r in enumerate(rows):
+            again = row(rates, r["algorithm"], r["n"], r["causal"])
+            again["measured_s"] = min(again["measured_s"], r["measured_s"])
+            rows[i] = again
+    print(json.dumps({"rows": rows, "calibration_s": first_calibration_s}))
 """)
 
 
