@@ -25,6 +25,8 @@ NOT_FOR_PLAIN_SIZES = ("kernels", "models", "simulator.measure", "simulator.cali
 # int8 GEMM, a device-resident quantized weight, either SnapKV vote kernel), and ask the device module whether a
 # GPU is there before anything imports CuPy.
 _TIER = "the GPU check measures a tier's launcher directly"
+_PIECES = ("the CPU calibration times the kernels' own pieces (the standard algorithm's batched matmuls, the flash "
+           "kernel's exp)")
 KNOWN = {
     ("simulator.gpu_check", "kernels._common.gpu"): "is a GPU there",
     ("simulator.gpu_check.worker", "kernels._common.gpu"): "is a GPU there",
@@ -35,6 +37,13 @@ KNOWN = {
     ("simulator.gpu_check.correctness", "kernels.kvprune._cupy"): _TIER,
     ("simulator.gpu_probe", "kernels.attn._cupy"): _TIER,
     ("simulator.gpu_probe", "kernels.kvprune._cupy"): _TIER,
+    # no public function runs these pieces alone
+    ("simulator.calibrate_phases", "kernels._common.numba_cpu.FASTMATH"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.numba_cpu.exp_row"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas.single_threaded_blas"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas.TASKS_PER_THREAD"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas._batched_nn"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas._batched_nt"): _PIECES,
 }
 
 

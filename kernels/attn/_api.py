@@ -286,3 +286,20 @@ def attention_bfloat16(q, k, v, *, causal=False, scale=None, return_lse=False):
     if isinstance(q, np.ndarray):
         o, lse = cupy.asnumpy(o), cupy.asnumpy(lse)
     return (o, lse) if return_lse else o
+
+
+def standard_phase_times(q, k, v, *, causal=False, scale=None):
+    """Run ``attention(q, k, v, algorithm="standard", backend="cpu")`` once and time its phases.
+
+    Returns ``(o, seconds)``: the output, and a dict of wall seconds per phase, in the order they ran
+    (``kernels.attn.STANDARD_PHASES``): ``qk`` (S = QKᵀ on Numba's pool), ``mask`` (causal only: the mask built
+    and applied), ``max`` (row max of S), ``subtract`` (P = scale·(S − max), a new array), ``exp``, ``sum`` (row sums),
+    ``normalize`` (P /= l) and ``pv`` (O = PV). The elementwise phases run in NumPy on one core. For the cost
+    model's per-phase validation (``simulator.costs.phases``); inputs as for ``attention`` (NumPy arrays).
+    """
+    scale = validate(q, k, v, causal=causal, scale=scale, block_q=None, block_k=None)
+    choose_backend("standard_phase_times", "cpu", {"q": q, "k": k, "v": v})  # NumPy inputs only
+    q4, k4, v4 = as_compute_4d(q, k, v)
+    seconds: dict[str, float] = {}
+    o, _ = standard_forward(q4, k4, v4, scale, bool(causal), phases=seconds)
+    return o.reshape(q.shape).astype(q.dtype, copy=False), seconds

@@ -7,6 +7,8 @@ NumPy on one core each, as frameworks' unfused attention does.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .._common.blas import batched_matmul
@@ -20,8 +22,31 @@ def standard_bytes(B, Hq, Nq, Nk, elem_bytes, causal):
     return 2 * score_bytes + mask_bytes
 
 
-def standard_forward(q, k, v, scale, causal):
-    """Attention over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v; returns (o, lse)."""
+# the phases ``standard_forward`` can time, in the order it runs them (``phases`` argument)
+PHASES = ("qk", "mask", "max", "subtract", "exp", "sum", "normalize", "pv")
+
+
+class _Clock:
+    """Wall time per phase: ``mark(name)`` ends the phase named and starts the next; no-op when ``into`` is None."""
+
+    def __init__(self, into):
+        self.into = into
+        self.last = time.perf_counter() if into is not None else 0.0
+
+    def mark(self, name):
+        if self.into is not None:
+            now = time.perf_counter()
+            self.into[name] = self.into.get(name, 0.0) + now - self.last
+            self.last = now
+
+
+def standard_forward(q, k, v, scale, causal, phases=None):
+    """Attention over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v; returns (o, lse).
+
+    ``phases``: a dict that receives the wall seconds of each phase of ``PHASES`` that ran (added to what it
+    holds), for the cost model's per-phase validation; None (the default) times nothing.
+    """
+    clock = _Clock(phases)
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -30,24 +55,31 @@ def standard_forward(q, k, v, scale, causal):
     # GQA: the query heads of one group are stacked as rows against their shared kv head
     q_g = q.reshape(B * Hkv, group * Nq, d)  # (B·Hkv, group·Nq, d)
     s = batched_matmul(q_g, k.reshape(B * Hkv, Nk, d), transpose_b=True).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ
+    clock.mark("qk")
     visible = None
     if causal:
         # bottom-right alignment: query i sees keys j <= i + Nk - Nq
         visible = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)  # (Nq, Nk)
         np.copyto(s, -np.inf, where=~visible)
+        clock.mark("mask")
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (B, Hq, Nq, 1); -inf when there are no keys
     # a row that sees no key, or whose every score is -inf, has P = 0 (not exp(-inf + inf)) and gives zeros
     m = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)
+    clock.mark("max")
     with np.errstate(invalid="ignore", over="ignore"):  # inf − inf = NaN for a score of +inf: the documented result
         p = np.subtract(s, m)  # P is a second (B, Hq, Nq, Nk) array, as in the unfused algorithm
         p *= scale  # scale·(S − max S): the max subtracted first, so that no scale overflows a finite row
     del s
+    clock.mark("subtract")
     np.exp(p, out=p)
+    clock.mark("exp")
     l = p.sum(axis=-1, keepdims=True)  # (B, Hq, Nq, 1)
     with np.errstate(divide="ignore", over="ignore"):  # log(0) = -inf for a row that sees no key
         lse = (m.astype(np.float64) * scale + np.log(l)).astype(p.dtype)[..., 0]  # (B, Hq, Nq)
     l_safe = np.where(l == 0.0, 1.0, l).astype(p.dtype)
+    clock.mark("sum")
     p /= l_safe
+    clock.mark("normalize")
     p_g = p.reshape(B * Hkv, group * Nq, Nk)  # (B·Hkv, group·Nq, Nk)
     o = batched_matmul(p_g, v.reshape(B * Hkv, Nk, d)).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
     if causal and not np.isfinite(v).all():
@@ -59,4 +91,5 @@ def standard_forward(q, k, v, scale, causal):
     dead = l == 0.0  # (B, Hq, Nq, 1) rows with no weight anywhere: zeros, even beside a NaN in v (0 · NaN)
     if dead.any():  # (a pass over o only when some row is dead)
         np.copyto(o, 0.0, where=dead)
+    clock.mark("pv")
     return o, lse

@@ -23,6 +23,7 @@ class RunContext:
     hardware: object = None  # HardwareSpec of the chosen preset (GPU sections)
     cpu: object = None  # HardwareSpec of this machine (calibrated)
     progress: object = None  # a callable(description: str) -> None, or None
+    phase_rates: object = None  # this machine's PhaseRates, measured once per run (report.measured.rates_now)
 
     def step(self, description: str) -> None:
         if self.progress is not None:

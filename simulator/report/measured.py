@@ -11,6 +11,8 @@ from kernels.cpuinfo import cache_sizes, cpu_model
 from kernels.attn import default_blocks
 
 from .. import costs
+from ..calibrate_phases import phase_rates
+from ..costs import phases
 from ..measure import peak_memory, time_call
 from .charts import ALGO_COLORS, figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
@@ -20,10 +22,46 @@ ATTN_D = 64
 ATTN_SIZES = {True: (256, 512, 1024, 2048), False: (512, 1024, 2048, 4096, 8192)}  # keyed by quick
 
 
+def rates_now(ctx: RunContext):
+    """This machine's per-phase rates (``simulator.costs.phases.PhaseRates``), measured in this run, once: the
+    predictions are compared with timings taken minutes later on the same, shared, machine."""
+    if ctx.phase_rates is None:
+        ctx.phase_rates = phase_rates(spec=ctx.cpu)
+    return ctx.phase_rates
+
+
+def fresh_rates(ctx: RunContext):
+    """The per-phase rates for the measurements that follow: in the full report measured again now (each section,
+    and each attention size, is compared with rates measured just before it, as other processes come and go on a
+    shared machine), in the quick report the run's first measurement (``rates_now``)."""
+    if ctx.quick:
+        return rates_now(ctx)
+    ctx.phase_rates = phase_rates(spec=ctx.cpu)
+    return ctx.phase_rates
+
+
+# the per-phase rates the machine table shows: (field, label, factor, unit)
+RATE_ROWS = (("llc_bytes", "effective_llc_mib", 2**20, ""), ("read_all", "read_all_cores_gb_per_s", 1e9, ""),
+             ("reduce_dram", "numpy_row_reduce_1core_dram_gb_per_s", 1e9, ""),
+             ("update_dram", "numpy_inplace_update_1core_dram_gb_per_s", 1e9, ""),
+             ("fresh_dram", "numpy_into_new_array_1core_dram_gb_per_s", 1e9, ""),
+             ("exp_llc", "numpy_exp_inplace_1core_llc_g_per_s", 1e9, ""),
+             ("exp_dram", "numpy_exp_inplace_1core_dram_g_per_s", 1e9, ""),
+             ("first_touch_all", "page_faults_all_cores_gb_per_s", 1e9, ""),
+             ("gemm_qk", "gemm_qk_k64_gflop_per_s", 1e9, ""), ("gemm_pv", "gemm_pv_n64_gflop_per_s", 1e9, ""),
+             ("gemm_block", "flash_block_products_per_thread_gflop_per_s", 1e9, ""),
+             ("exp_block", "flash_exp_per_thread_g_per_s", 1e9, ""),
+             ("attention_call_s", "attention_call_us", 1e-6, ""), ("calibration_s", "phase_calibration_s", 1, ""))
+
+
+@planned(lambda quick: 1)  # the per-phase rates
 def machine_section(ctx: RunContext) -> Section:
-    """This machine: cores and caches from the OS, and the calibrated DRAM bandwidth, sgemm rate and launch cost."""
+    """This machine: cores and caches from the OS, the calibrated DRAM bandwidth, sgemm rate and launch cost, and
+    the per-phase rates measured in this run."""
     pool = kernels.pool_info()
     cpu = ctx.cpu
+    ctx.step("calibrate the per-phase rates")
+    rates = rates_now(ctx)
     rows = [{"property": "cpu_model", "value": cpu_model()},
             {"property": "logical_cores", "value": os.cpu_count()},
             {"property": "numba_threads", "value": pool["threads"]},
@@ -35,13 +73,18 @@ def machine_section(ctx: RunContext) -> Section:
              {"property": "sgemm_gflop_per_s", "value": f"{cpu.fp32_flops / 1e9:.1f}"},
              {"property": "parallel_launch_us", "value": f"{cpu.launch_overhead_s * 1e6:.2f}"},
              {"property": "calibrated_on", "value": cpu.measured_on}]
+    rows += [{"property": label, "value": f"{getattr(rates, field) / factor:.4g}"}
+             for field, label, factor, _ in RATE_ROWS]
     write_csv(ctx.directory / "machine.csv", rows)
     table = "\n".join(f"| {r['property']} | {r['value']} |" for r in rows)
     body = (f"The cost model's `cpu` spec, calibrated on this machine on {cpu.measured_on}: DRAM bandwidth from a "
             f"STREAM-style triad on all cores (32 bytes moved per element, write-allocate included), peak FLOP/s "
             f"from a 2048³ sgemm, and one core's L2 as the \"SRAM\" of the flash tiles. The kernels ran on "
             f"{pool['threads']} Numba threads ({pool['threading_layer']} layer, wait policy "
-            f"{pool['wait_policy']}).\n\n"
+            f"{pool['wait_policy']}). The per-phase rates below them (``simulator.costs.phases``) were measured at "
+            f"the start of this run in {rates.calibration_s:.1f} s: what one core reaches in NumPy's passes "
+            f"(from the cache and from DRAM), the kernels' matmuls and exps on all threads, and the fixed cost of "
+            f"one call; the effective last-level cache is where one core's read rate falls half-way to DRAM's.\n\n"
             f"| property | value |\n|---|---|\n{table}\n\nData: [machine.csv](machine.csv)\n")
     return Section("This machine", body, ("machine.csv",))
 
@@ -53,7 +96,7 @@ def attention_flops(n: int, d: int, heads: int, causal: bool) -> float:
     return flops / 2 if causal else flops
 
 
-def _predict(cpu, algorithm, n, causal):
+def _roofline(cpu, algorithm, n, causal):
     """Roofline seconds of one call on this machine's calibrated spec, with the kernels' real tile sizes."""
     br, bc = default_blocks(ATTN_D, 4)
     model = costs.standard_forward if algorithm == "standard" else costs.flash2_forward
@@ -64,14 +107,32 @@ def _predict(cpu, algorithm, n, causal):
     return float(timing.seconds), int(cost.hbm_bytes), bound
 
 
+def predicted_phases(rates, algorithm, n, causal):
+    """The per-phase prediction of one call (B=1, H=8, d=64, float32) with the kernels' real tile sizes."""
+    if algorithm == "standard":
+        return phases.standard_phases(rates, 1, ATTN_HEADS, ATTN_HEADS, n, n, ATTN_D, causal=causal)
+    br, bc = default_blocks(ATTN_D, 4)
+    return phases.flash_phases(rates, 1, ATTN_HEADS, ATTN_HEADS, n, n, ATTN_D, causal=causal, Br=br, Bc=bc)
+
+
+def error_pct(predicted: float, measured: float) -> float:
+    """(predicted − measured) / measured, in percent."""
+    return 100.0 * (predicted - measured) / measured
+
+
+PHASE_REPEATS = 3  # timed runs of the standard algorithm's phases per size (median per phase)
+
+
 @planned(lambda quick: 4 * len(ATTN_SIZES[quick]))  # standard and flash, with and without the mask
 def attention_cpu_section(ctx: RunContext) -> Section:
     """Time and peak memory of standard vs flash attention on this CPU vs N (B=1, H=8, d=64, float32), beside the
-    time the cost model predicts for each with the calibrated spec."""
+    time the per-phase model predicts with the rates measured in this run (and the roofline's, for contrast);
+    the standard algorithm's phases are timed one by one beside their predictions."""
     rng = np.random.default_rng(ctx.seed)
-    rows = []
+    rows, phase_rows = [], []
     repeats = 3 if ctx.quick else 5
     for n in ATTN_SIZES[ctx.quick]:
+        rates = fresh_rates(ctx)
         q, k, v = (rng.standard_normal((1, ATTN_HEADS, n, ATTN_D), dtype=np.float32) for _ in range(3))
         expected = kernels.attention(q, k, v, causal=False, algorithm="flash")
         for causal in (False, True):
@@ -88,20 +149,38 @@ def attention_cpu_section(ctx: RunContext) -> Section:
                         raise RuntimeError(f"standard and flash attention disagree at N={n}: max |diff| {err}")
                 timing = time_call(call, repeats=repeats)
                 memory = peak_memory(call)
-                predicted_s, predicted_bytes, bound = _predict(ctx.cpu, algorithm, n, causal)
+                predicted = predicted_phases(rates, algorithm, n, causal)
+                predicted_s = phases.total_seconds(predicted)
+                roofline_s, predicted_bytes, bound = _roofline(ctx.cpu, algorithm, n, causal)
+                measured_phase = {}
+                # the phases one by one: at every size in the full report, at the largest in the quick one
+                if algorithm == "standard" and (not ctx.quick or n == max(ATTN_SIZES[ctx.quick])):
+                    runs = [kernels.attn.standard_phase_times(q, k, v, causal=causal)[1]
+                            for _ in range(PHASE_REPEATS)]
+                    measured_phase = {name: float(np.median([r[name] for r in runs])) for name in runs[0]}
+                for phase in predicted:
+                    got = measured_phase.get(phase.name)
+                    phase_rows.append({"algorithm": algorithm, "causal": causal, "n": n, "phase": phase.name,
+                                       "kind": phase.kind, "threads": phase.threads,
+                                       "predicted_s": f"{phase.seconds:.6g}",
+                                       "measured_s": "" if got is None else f"{got:.6g}"})
                 rows.append({
                     "algorithm": algorithm, "causal": causal, "n": n, "heads": ATTN_HEADS, "d": ATTN_D,
                     "dtype": "float32", "measured_s": f"{timing.median_s:.6g}", "measured_min_s": f"{timing.min_s:.6g}",
                     "gflops_per_s": f"{attention_flops(n, ATTN_D, ATTN_HEADS, causal) / timing.median_s / 1e9:.4g}",
                     "peak_traced_bytes": memory.traced_bytes, "peak_rss_growth_bytes": memory.rss_bytes,
-                    "predicted_s": f"{predicted_s:.6g}", "predicted_hbm_bytes": predicted_bytes,
-                    "predicted_bound": bound,
+                    "predicted_s": f"{predicted_s:.6g}",
+                    "error_pct": f"{error_pct(predicted_s, timing.median_s):.1f}",
+                    "roofline_s": f"{roofline_s:.6g}", "predicted_hbm_bytes": predicted_bytes,
+                    "roofline_bound": bound,
                 })
     write_csv(ctx.directory / "attention_cpu.csv", rows)
+    write_csv(ctx.directory / "attention_phases.csv", phase_rows)
     llc = cache_sizes().get("L3", cache_sizes().get("L2", 0))
     plot_attention_cpu(ctx.directory / "attention_cpu.csv", ctx.directory / "attention_cpu.png", llc)
-    return Section("Attention on this CPU: measured, and predicted by the cost model", _attention_markdown(rows, llc),
-                   ("attention_cpu.csv", "attention_cpu.png"))
+    return Section("Attention on this CPU: measured, and predicted by the cost model",
+                   _attention_markdown(rows, phase_rows, llc, rates),
+                   ("attention_cpu.csv", "attention_phases.csv", "attention_cpu.png"))
 
 
 def n_where_scores_fit(llc_bytes: int) -> float:
@@ -109,43 +188,59 @@ def n_where_scores_fit(llc_bytes: int) -> float:
     return math.sqrt(llc_bytes / (2 * ATTN_HEADS * 4)) if llc_bytes else 0.0
 
 
-def _attention_markdown(rows: list[dict], llc: int) -> str:
+def _attention_markdown(rows: list[dict], phase_rows: list[dict], llc: int, rates) -> str:
     by_key = {(r["algorithm"], r["causal"], r["n"]): r for r in rows}
     lines = ["Batch 1, 8 heads, d = 64, float32; median of repeated calls; GFLOP/s = 4·N²·d·H / t (half for "
-             "causal). *Predicted* is the roofline time of the cost model on the calibrated spec above, with the "
-             "kernel's own tile sizes; peak memory is the allocation during the call, output included "
-             "(tracemalloc).", "",
-             "| N | causal | standard s | flash s | measured speedup | predicted speedup | standard MiB | flash MiB |",
-             "|---|---|---|---|---|---|---|---|"]
-    gaps = []
+             "causal). *Predicted* is the per-phase model (`simulator.costs.phases`) on the rates measured in this "
+             "run (before each size in the full report, once in the quick one): the standard algorithm's matmuls on all threads and its softmax passes on one "
+             "core, in NumPy, each at its own measured rate; the flash kernel's block products, exps and rescale "
+             "per thread. *Roofline* is `Cost.time` on the calibrated spec (all-core DRAM bandwidth, no exp), for "
+             "contrast. Error = (predicted − measured) / measured. The machine is shared: other processes may have "
+             "run beside any measurement.", "",
+             "| N | causal | standard s | predicted | error | flash s | predicted | error | measured speedup | "
+             "predicted speedup | roofline speedup | standard MiB | flash MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (algorithm, causal, n), std in by_key.items():
         if algorithm != "standard":
             continue
         fl = by_key[("flash", causal, n)]
         measured = float(std["measured_s"]) / float(fl["measured_s"])
         predicted = float(std["predicted_s"]) / float(fl["predicted_s"])
-        gaps.append((n, causal, measured, predicted))
-        lines.append(f"| {n} | {causal} | {float(std['measured_s']):.4f} | {float(fl['measured_s']):.4f} | "
-                     f"{measured:.2f}× | {predicted:.2f}× | {int(std['peak_traced_bytes']) / 2**20:.1f} | "
+        roofline = float(std["roofline_s"]) / float(fl["roofline_s"])
+        lines.append(f"| {n} | {causal} | {float(std['measured_s']):.4f} | {float(std['predicted_s']):.4f} | "
+                     f"{float(std['error_pct']):+.0f}% | {float(fl['measured_s']):.4f} | "
+                     f"{float(fl['predicted_s']):.4f} | {float(fl['error_pct']):+.0f}% | {measured:.2f}× | "
+                     f"{predicted:.2f}× | {roofline:.2f}× | {int(std['peak_traced_bytes']) / 2**20:.1f} | "
                      f"{int(fl['peak_traced_bytes']) / 2**20:.1f} |")
+    n_big = max(int(r["n"]) for r in rows)
+    lines += ["", f"**Per phase at N = {n_big}** (milliseconds; the standard algorithm's phases timed one by one "
+              f"inside the kernel, `kernels.attn.standard_phase_times`, median of {PHASE_REPEATS} runs; the flash "
+              f"kernel's phases are predicted only, its total measured above; *threads* is what the phase runs "
+              f"on):", "",
+              "| algorithm | causal | phase | kind | threads | predicted ms | measured ms | error |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in phase_rows:
+        if int(r["n"]) != n_big:
+            continue
+        got = r["measured_s"]
+        err = f"{error_pct(float(r['predicted_s']), float(got)):+.0f}%" if got else ""
+        lines.append(f"| {r['algorithm']} | {r['causal']} | {r['phase']} | {r['kind']} | {r['threads']} | "
+                     f"{float(r['predicted_s']) * 1e3:.2f} | {float(got) * 1e3 if got else float('nan'):.2f} | "
+                     f"{err} |".replace("| nan |", "| |"))
+    std_big = by_key[("standard", False, n_big)]
+    single = sum(float(r["predicted_s"]) for r in phase_rows if r["algorithm"] == "standard" and
+                 not r["causal"] and int(r["n"]) == n_big and int(r["threads"]) == 1)
     n_fit = n_where_scores_fit(llc)
-    largest = max(gaps, key=lambda g: (g[0], g[1]))
-    n_big = largest[0]
-    std_big, fl_big = by_key[("standard", False, n_big)], by_key[("flash", False, n_big)]
-    std_ratio = float(std_big["measured_s"]) / float(std_big["predicted_s"])
-    fl_ratio = float(fl_big["measured_s"]) / float(fl_big["predicted_s"])
-    direction = "understates" if largest[2] > largest[3] else "overstates"
     lines += ["", "![measured and predicted attention time on this CPU](attention_cpu.png)", "",
-              f"The left chart puts the measured time (solid) beside the roofline prediction (dashed). At N = "
-              f"{n_big} (no mask) flash took {fl_ratio:.2f}× its predicted time and the standard algorithm "
-              f"{std_ratio:.2f}× its own: the roofline charges the softmax at DRAM bandwidth on all cores, while "
-              f"NumPy runs it as several elementwise passes on one core, and it counts no exp. So the model "
-              f"{direction} the speedup here ({'causal' if largest[1] else 'no mask'}, N = {n_big}: "
-              f"{largest[2]:.2f}× measured, {largest[3]:.2f}× predicted). The grey line marks N ≈ {n_fit:.0f}, "
-              f"below which S and P together fit in the {llc / 2**20:.0f} MiB last-level cache: there the "
-              f"standard algorithm's S and P traffic never reaches DRAM, so its DRAM-bandwidth term is "
-              f"pessimistic.",
-              "", "Data: [attention_cpu.csv](attention_cpu.csv)"]
+              f"At N = {n_big} (no mask) the one-core passes are {100 * single / float(std_big['predicted_s']):.0f}% "
+              f"of the standard algorithm's predicted time: NumPy's in-place exp alone runs at "
+              f"{rates.exp_dram / 1e9:.2f} G elements/s from DRAM, and P is written into a new array whose pages "
+              f"are faulted in on one core ({rates.fresh_dram / 1e9:.1f} GB/s of reads and writes). The roofline "
+              f"charges these passes at all-core DRAM bandwidth and counts no exp, which is why its speedup is "
+              f"far below the measured one. The grey line marks N ≈ {n_fit:.0f}, below which S and P together "
+              f"fit in the {llc / 2**20:.0f} MiB the OS reports as last-level cache; the passes run at cache speed "
+              f"only up to the {rates.llc_bytes / 2**20:.0f} MiB measured.",
+              "", "Data: [attention_cpu.csv](attention_cpu.csv), [attention_phases.csv](attention_phases.csv)"]
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +255,9 @@ def plot_attention_cpu(csv_path, png_path, llc_bytes: int) -> None:
         n = [int(r["n"]) for r in sel]
         ax_t.plot(n, [float(r["measured_s"]) for r in sel], "-o", color=colors[algorithm], label=f"{algorithm} measured")
         ax_t.plot(n, [float(r["predicted_s"]) for r in sel], "--", color=colors[algorithm],
-                  label=f"{algorithm} predicted")
+                  label=f"{algorithm} predicted (per phase)")
+        ax_t.plot(n, [float(r["roofline_s"]) for r in sel], ":", color=colors[algorithm],
+                  label=f"{algorithm} roofline")
         for causal, style in (("False", "-o"), ("True", "--s")):
             sel = [r for r in rows if r["algorithm"] == algorithm and r["causal"] == causal]
             ax_m.plot([int(r["n"]) for r in sel], [int(r["peak_traced_bytes"]) / 2**20 for r in sel], style,
@@ -179,7 +276,7 @@ def plot_attention_cpu(csv_path, png_path, llc_bytes: int) -> None:
     for ax in (ax_t, ax_s):
         if n_fit:
             ax.axvline(n_fit, color="grey", linestyle=":", label="S + P fill the last-level cache")
-    ax_t.set(yscale="log", ylabel="time per call (s)", title="time: measured vs roofline prediction")
+    ax_t.set(yscale="log", ylabel="time per call (s)", title="time: measured vs predicted")
     ax_s.set(ylabel="speedup of flash over standard (×)", title="speedup: measured vs predicted")
     ax_m.set(yscale="log", ylabel="peak memory during the call (MiB)", title="memory: S and P vs O(N·d)")
     for ax in (ax_t, ax_s, ax_m):

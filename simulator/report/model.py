@@ -3,9 +3,9 @@ features are, and decode tokens/s against the weight-bytes bound. Skipped, with 
 is not installed or the GGUF cannot be fetched."""
 from __future__ import annotations
 
-from ..calibrate import read_bandwidth
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
+from .measured import error_pct, fresh_rates
 
 VARIANTS = (("fp32", {"linear": "fp32"}), ("int8 (fp16 outlier rows)", {"linear": "int8", "keep_fp16_weights": True}),
             ("int8 (int8 weights only)", {"linear": "int8"}), ("naive int8", {"linear": "naive-int8"}))
@@ -36,7 +36,10 @@ def model_section(ctx: RunContext) -> Section:
     n_tokens = TOKENS[ctx.quick]
     variants = _variants(ctx.quick)
     rows, outliers, speed = [], None, []
-    read_bw = read_bandwidth()  # bytes/s: all cores reading, nothing written back, as a decode step streams
+    rates = fresh_rates(ctx)
+    # bytes/s: all cores reading, nothing written back, as a decode step streams (the rate every prediction of this
+    # report uses for streamed weights, measured at the start of the run)
+    read_bw = rates.read_all
     for label, options in variants:
         ctx.step(f"SmolLM2 {label}")
         model = SmolLM2(path, **options)
@@ -45,13 +48,13 @@ def model_section(ctx: RunContext) -> Section:
         if outliers is None:
             outliers = model.outlier_statistics(ids)
         if label in ("fp32", "int8 (int8 weights only)") or (ctx.quick and options["linear"] == "int8"):
-            speed.append(_decode_speed(model, label, read_bw))
+            speed.append(_decode_speed(model, label, rates))
     if not ctx.quick:
         ctx.step("SmolLM2 int8 with an int8 LM head")
         model = SmolLM2(path, linear="int8", quantize_lm_head=True)
         rows.append({"variant": "int8 (int8 weights only) + int8 LM head", "tokens": n_tokens,
                      "perplexity": f"{model.perplexity(ids):.4g}"})
-        speed.append(_decode_speed(model, "int8 + int8 LM head", read_bw))
+        speed.append(_decode_speed(model, "int8 + int8 LM head", rates))
     write_csv(ctx.directory / "smollm2_perplexity.csv", rows)
     write_csv(ctx.directory / "smollm2_outliers.csv", outliers)
     write_csv(ctx.directory / "smollm2_decode.csv", speed)
@@ -62,6 +65,9 @@ def model_section(ctx: RunContext) -> Section:
     other = sum(r["outlier_dims"] for r in outliers if r["linear"] != "w_down")
     speed_text = "; ".join(f"{s['variant']} {float(s['decode_tokens_per_s']):.1f} tokens/s (bound "
                            f"{float(s['bound_tokens_per_s']):.0f})" for s in speed)
+    speed_table = "\n".join(
+        f"| {s['variant']} | {float(s['measured_ms_per_token']):.2f} | {float(s['predicted_ms_per_token']):.2f} | "
+        f"{float(s['error_pct']):+.0f}% | {float(s['bound_tokens_per_s']):.0f} |" for s in speed)
     body = (f"SmolLM2-135M-Instruct (the PyPI GGUF, dequantized to float32) running on `kernels.attention` and "
             f"`kernels.int8`. Perplexity over the first {n_tokens} tokens of Python's help topics "
             f"(`pydoc_data.topics`, sorted keys, joined by blank lines):\n\n| linear layers | perplexity |\n|---|---|\n"
@@ -71,24 +77,56 @@ def model_section(ctx: RunContext) -> Section:
             f"works.\n\n![outlier dimensions per layer](smollm2_outliers.png)\n\n"
             f"Decode (one token at a time, 24 tokens): {speed_text}; the bound is the weight bytes read per token "
             f"over this machine's all-core read bandwidth ({read_bw / 1e9:.1f} GB/s, measured in this run). The "
-            f"tied LM head stays float32 unless quantized too.\n\n"
+            f"tied LM head stays float32 unless quantized too. *Predicted* times the float32 layers' bytes at the "
+            f"rate this library's float32 GEMV streams them ({rates.gemv_dense_dram / 1e9:.1f} GB/s, measured in "
+            f"this run), the int8 ones' at the read bandwidth, and adds the fixed cost of "
+            f"each of the {4 * model.config.n_layers + 1} linear calls a token makes (an int8 call's, "
+            f"{rates.int8_call_s * 1e6:.0f} µs, or a parallel region's, {rates.launch_s * 1e6:.0f} µs, both "
+            f"measured in this run); attention over the few cached tokens and the fused norm and SwiGLU kernels "
+            f"are left out.\n\n"
+            f"| variant | measured ms/token | predicted ms/token | error | bound tokens/s |\n|---|---|---|---|---|\n"
+            f"{speed_table}\n\n"
             f"Data: [smollm2_perplexity.csv](smollm2_perplexity.csv), [smollm2_outliers.csv](smollm2_outliers.csv), "
             f"[smollm2_decode.csv](smollm2_decode.csv)\n")
     return Section("SmolLM2-135M on these kernels", body, ("smollm2_perplexity.csv", "smollm2_outliers.csv",
                                                            "smollm2_outliers.png", "smollm2_decode.csv"))
 
 
-def _decode_speed(model, label, read_bw):
-    """Decode tokens/s (24 tokens after a warm-up) beside the bound: weight bytes per token over the all-core
-    read bandwidth ``read_bw`` (the block linears in their precision, the tied LM head float32 unless quantized)."""
+def predicted_seconds_per_token(model, rates) -> float:
+    """One decode token's predicted time: each linear's weight bytes at its kernel's GEMV rate from DRAM (float32
+    layers through ``kernels.dense.matmul_nt``, ``rates.gemv_dense_dram``; int8 ones at the all-core read rate),
+    plus the fixed cost of each linear call (4 per block and the LM head; ``Int8Linear``'s for int8 layers, one
+    parallel region's for float32 ones)."""
+    cfg = model.config
+    int8_blocks = model.linear != "fp32"
+    int8_head = int8_blocks and model.quantize_lm_head
+    head_bytes = model.embedding.size * (1 if int8_head else 4)
+    block_bytes = model.weight_bytes_per_token() - head_bytes
+
+    def stream(nbytes, int8):
+        return nbytes / (rates.read_all if int8 else rates.gemv_dense_dram)
+
+    calls = 4 * cfg.n_layers * (rates.int8_call_s if int8_blocks else rates.launch_s) + (
+        rates.int8_call_s if int8_head else rates.launch_s)
+    return stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head) + calls
+
+
+def _decode_speed(model, label, rates):
+    """Decode tokens/s (24 tokens after a warm-up) beside the bound, weight bytes per token over the all-core read
+    rate (the block linears in their precision, the tied LM head float32 unless quantized), and the predicted
+    time per token (``predicted_seconds_per_token``)."""
     prompt = model.encode("Once upon a time")
     model.generate(prompt, 2)
     timings = {}
     out = model.generate(prompt, 24, timings=timings)
     weight_bytes = model.weight_bytes_per_token()
+    measured = timings["decode_s"] / len(out)
+    predicted = predicted_seconds_per_token(model, rates)
     return {"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
             "weight_bytes_per_token": weight_bytes,
-            "bound_tokens_per_s": f"{read_bw / weight_bytes:.3g}"}
+            "bound_tokens_per_s": f"{rates.read_all / weight_bytes:.3g}",
+            "measured_ms_per_token": f"{measured * 1e3:.4g}", "predicted_ms_per_token": f"{predicted * 1e3:.4g}",
+            "error_pct": f"{error_pct(predicted, measured):.1f}"}
 
 
 def plot_outliers(directory) -> None:

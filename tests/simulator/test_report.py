@@ -58,7 +58,7 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec,
     out = build_report(tmp_path / "run", quick=True, hardware=hardware.load("H100-SXM"), cpu=cpu_spec,
                        progress=steps.append)
     names = {p.name for p in out.iterdir()}
-    assert {"index.md", "index.html", "machine.csv", "attention_cpu.csv", "attention_cpu.png",
+    assert {"index.md", "index.html", "machine.csv", "attention_cpu.csv", "attention_phases.csv", "attention_cpu.png",
             "bytes_by_tensor.csv", "bytes_by_tensor.png", "sram_sweep.csv", "sram_sweep.png", "roofline.csv",
             "roofline.png", "across_hardware.csv", "across_hardware.png", "int8_weight_memory.csv",
             "int8_weight_memory.png", "int8_error.csv", "int8_error.png", "int8_gemv.csv", "int8_gemv.png",
@@ -77,6 +77,14 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec,
         (a, c, n) for a in ("standard", "flash") for c in ("False", "True") for n in ("64", "512")}
     for r in rows:
         assert float(r["measured_s"]) > 0 and float(r["predicted_s"]) > 0
+        error = 100 * (float(r["predicted_s"]) - float(r["measured_s"])) / float(r["measured_s"])
+        assert float(r["error_pct"]) == pytest.approx(error, abs=0.1)
+    # the standard algorithm's phases: each predicted beside its measurement, the mask only with one
+    phase_rows = read_csv(out / "attention_phases.csv")
+    standard = [r for r in phase_rows if r["algorithm"] == "standard" and r["n"] == "512"]
+    assert [r["phase"] for r in standard if r["causal"] == "True"] == list(kernels.attn.STANDARD_PHASES)
+    assert all(float(r["measured_s"]) > 0 and float(r["predicted_s"]) > 0 for r in standard)
+    assert all(r["measured_s"] == "" for r in phase_rows if r["algorithm"] == "flash")
     # S and P are 2·H·N² float32: the standard algorithm's peak must show them; flash's is what its own tiles
     # predict (its per-thread tiles follow this machine's cache, so no fixed fraction of the standard's holds)
     big = {r["algorithm"]: int(r["peak_traced_bytes"]) for r in rows if r["n"] == "512" and r["causal"] == "False"}

@@ -1,0 +1,420 @@
+"""The per-phase rates of this CPU (``simulator.costs.phases.PhaseRates``), measured the way the kernels run:
+NumPy's elementwise passes on one core, from the last-level cache and from DRAM; the standard algorithm's batched
+matmuls and the flash kernel's block products, exp, rescale and bookkeeping on all of Numba's threads; NumPy's
+GEMV; page faults; the fixed cost of a call. ``phase_rates`` measures them (a few seconds), ``cpu_phase_rates``
+caches them beside the ``cpu`` spec.
+
+The micro-kernels below run the kernels' own pieces: ``exp_row`` and the fast-math flags from
+``kernels._common.numba_cpu``, the batched matmuls of ``kernels._common.blas``, a deliberate edge of the layout
+(tests/test_layout.py, ``KNOWN``), as the GPU check's probes drive a tier's launchers.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from numba import njit, prange
+
+from kernels._common.numba_cpu import FASTMATH, exp_row
+from kernels.cpuinfo import cache_sizes, user_cache_dir
+
+from .calibrate import (CACHE_FILE, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled, launch_overhead,
+                        machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
+from .hardware.spec import HardwareSpec
+from .measure import SETTLE_S, time_call
+
+
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
+def exp_rows(s, p, iterations):
+    """Thread t: ``iterations`` times p[t, r] = exp(s[t, r] − 0) for every row r of its (Br, Bc) tile."""
+    total = 0.0
+    for t in prange(s.shape[0]):
+        acc = 0.0
+        for _ in range(iterations):
+            for r in range(s.shape[1]):
+                acc += exp_row(s[t, r], p[t, r], s.shape[2], 0.0, 1.0)
+        total += acc
+    return total
+
+
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
+def rescale_rows(o_acc, pv, alpha, iterations):
+    """Thread t: ``iterations`` times O_i ← diag(alpha) O_i + PV over its (Br, d) tile (the flash kernel's loop)."""
+    for t in prange(o_acc.shape[0]):
+        for _ in range(iterations):
+            for r in range(o_acc.shape[1]):
+                for c in range(o_acc.shape[2]):
+                    o_acc[t, r, c] = alpha[t, r] * o_acc[t, r, c] + pv[t, r, c]
+
+
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
+def block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, iterations):
+    """Thread t: ``iterations`` times one block step of the flash kernel on its own tiles: S = Q_i K_jᵀ, P = exp
+    row by row, PV, and O_i ← diag(alpha) O_i + PV (its online-softmax bookkeeping left out)."""
+    for t in prange(s.shape[0]):
+        for _ in range(iterations):
+            np.dot(q_i[t], k_j[t].T, s[t])
+            for r in range(s.shape[1]):
+                exp_row(s[t, r], p[t, r], s.shape[2], 30.0, 0.125)
+            np.dot(p[t], v_j[t], pv[t])
+            for r in range(o_acc.shape[1]):
+                for c in range(o_acc.shape[2]):
+                    o_acc[t, r, c] = alpha[t, r] * o_acc[t, r, c] + pv[t, r, c]
+
+
+@njit(parallel=True, cache=True)
+def skinny_products(q, k, v, s, pv, bc):
+    """Task t: the block products of a decode step over kv head t's keys, Bc at a time: S = q K_jᵀ (rows × Bc)
+    and S V_j, for a few query rows q (rows, d) against K and V (heads, n, d) that stream from DRAM."""
+    for t in prange(k.shape[0]):
+        for c0 in range(0, k.shape[1] - bc + 1, bc):
+            np.dot(q, k[t, c0:c0 + bc].T, s[t])
+            np.dot(s[t], v[t, c0:c0 + bc], pv[t])
+
+
+@njit(inline="always")
+def _touch(buffers_s, buffers_p, q_i, pv):
+    for i in range(buffers_s.size):
+        buffers_s[i] = 1.0
+        buffers_p[i] = 1.0
+    for r in range(q_i.shape[0]):
+        for c in range(q_i.shape[1]):
+            q_i[r, c] = 1.0
+            pv[r, c] = 1.0
+
+
+@njit(parallel=True, cache=True)
+def task_buffers(n_tasks, rows, bc, d, fresh, threads):
+    """``n_tasks`` tasks over all threads, each writing the flash kernel's per-task tiles once (S and P of
+    rows × bc, Q_i, O_i and PV of rows × d): allocated by every task, as the kernel does (``fresh``), or once per
+    thread and reused (the writes alone)."""
+    per = (n_tasks + threads - 1) // threads
+    total = 0.0
+    for t in prange(threads):
+        s_keep = np.empty(rows * bc, dtype=np.float32)
+        p_keep = np.empty(rows * bc, dtype=np.float32)
+        q_keep = np.empty((rows, d), dtype=np.float32)
+        pv_keep = np.empty((rows, d), dtype=np.float32)
+        for task in range(t * per, min(n_tasks, (t + 1) * per)):
+            if fresh:
+                s_buf = np.empty(rows * bc, dtype=np.float32)
+                p_buf = np.empty(rows * bc, dtype=np.float32)
+                q_i = np.empty((rows, d), dtype=np.float32)
+                o_acc = np.zeros((rows, d), dtype=np.float32)
+                pv = np.empty((rows, d), dtype=np.float32)
+                _touch(s_buf, p_buf, q_i, pv)
+                total += s_buf[task % s_buf.size] + o_acc[0, 0]
+            else:
+                _touch(s_keep, p_keep, q_keep, pv_keep)
+                total += s_keep[task % s_keep.size]
+    return total
+
+
+PHASE_CACHE_FILE = "cpu-phase-rates.toml"
+PHASE_TARGET_S = 0.01  # seconds one repeat of a micro-benchmark in the caches aims at: far above a wake-up
+SCORE_RANGE = (-9.0, 0.0)  # scale·(S − max) of attention scores: ≤ 0, a few units wide (a standard normal's max)
+
+
+@njit(fastmath=True, cache=True)
+def _sum_one_core(x):
+    """Σ x on the calling thread: one core's read rate."""
+    acc = np.float32(0.0)
+    for i in range(x.size):
+        acc += x[i]
+    return acc
+
+
+def _best(fn, repeats=3, warmup=1):
+    return time_call(fn, repeats=repeats, warmup=warmup, settle_s=0.0).min_s
+
+
+def llc_curve(buffer, l2_bytes: int) -> tuple[float, tuple, tuple]:
+    """One core's read rate over slices of ``buffer`` of 2·L2, 4·L2, ... bytes up to the whole buffer, as
+    (effective LLC bytes, sizes, fractions): each fraction places its rate between the first (cache) and the last
+    (DRAM) on a log scale, 1 to 0; the effective LLC is the last size at or above one half. The OS's figure for a
+    VM's last-level cache is the host's (480 MiB here, where one core's rate falls between 32 and 64 MiB)."""
+    sizes, rates = [], []
+    n = 2 * l2_bytes // 4
+    while n <= buffer.size:
+        part = buffer[:n]
+        sizes.append(float(part.nbytes))
+        rates.append(part.nbytes / _best(lambda part=part: _sum_one_core(part), repeats=2))
+        n *= 2
+    if len(rates) < 2:  # a buffer too small for a curve: all of it counts as cache
+        sizes = sizes or [float(l2_bytes)]
+        return sizes[-1], tuple(sizes), (1.0,) * len(sizes)
+    span = math.log(rates[0] / rates[-1]) or 1.0
+    fractions = tuple(min(1.0, max(0.0, math.log(r / rates[-1]) / span)) for r in rates)
+    llc = max(size for size, f in zip(sizes, fractions) if f >= 0.5)
+    return llc, tuple(sizes), fractions
+
+
+def _numpy_pass_rates(x, y, level: str) -> dict:
+    """One core's rates of the standard algorithm's NumPy passes over float32 arrays x, y of equal size (bytes
+    read + written per second; exp in elements per second), keyed as ``PhaseRates``' fields of ``level``."""
+    rows = x.reshape(-1, 1024)  # (rows, 1024): row reductions over the last axis, as over scores
+    y_rows = y.reshape(-1, 1024)
+    # from DRAM a pass takes tens of milliseconds: two repeats, no warm-up (the pages are mapped already)
+    repeats, warmup = (3, 1) if level == "llc" else (2, 0)
+
+    def best(fn):
+        return _best(fn, repeats=repeats, warmup=warmup)
+
+    rates = {
+        f"reduce_{level}": x.nbytes / best(lambda: rows.max(axis=-1, keepdims=True)),
+        f"update_{level}": 2 * y.nbytes / best(lambda: np.multiply(y, np.float32(1.0), out=y)),
+    }
+    mask = np.tri(1024, dtype=bool)  # (1024, 1024) broadcast over the leading axis, as the causal mask over heads
+    y3 = y.reshape(-1, 1024, 1024)
+    rates[f"masked_{level}"] = 2 * y.nbytes / best(lambda: np.copyto(y3, np.float32(-1.0), where=mask))
+
+    def exp_in_place():  # the scores restored first (untimed), so every repeat sees the same values
+        np.copyto(y, x)
+        start = time.perf_counter()
+        np.exp(y, out=y)
+        return time.perf_counter() - start
+
+    if level == "llc":
+        exp_in_place()
+    rates[f"exp_{level}"] = y.size / min(exp_in_place() for _ in range(2))
+    if level == "dram":
+        m = np.zeros((y_rows.shape[0], 1), dtype=np.float32)  # (rows, 1), as the row max
+        rates["fresh_dram"] = 2 * y.nbytes / _best(lambda: np.subtract(y_rows, m), repeats=2, warmup=0)
+    return rates
+
+
+def _flash_block_rates(d: int, threads: int) -> dict:
+    """Per-thread rates of the flash kernel's work with every thread busy, at its default tiles: its vectorized
+    exp (``exp_row``) and the multiply-add of its rescale alone, and the block products as they run in a whole
+    block step (``block_steps``: between the exps, which evict their tiles), i.e. the step's time less the exps'
+    and the rescale's."""
+    from kernels.attn import default_blocks
+    from kernels._common.blas import single_threaded_blas
+
+
+    br, bc = default_blocks(d, 4)
+    rng = np.random.default_rng(0)
+    q_i = rng.standard_normal((threads, br, d), dtype=np.float32)  # (threads, Br, d)
+    k_j, v_j = (rng.standard_normal((threads, bc, d), dtype=np.float32) for _ in range(2))  # (threads, Bc, d)
+    s = np.empty((threads, br, bc), dtype=np.float32)  # (threads, Br, Bc)
+    p = np.empty((threads, br, bc), dtype=np.float32)  # (threads, Br, Bc)
+    pv = np.empty((threads, br, d), dtype=np.float32)  # (threads, Br, d)
+    o_acc = np.zeros((threads, br, d), dtype=np.float32)  # (threads, Br, d)
+    alpha = np.full((threads, br), 0.5, dtype=np.float32)  # (threads, Br)
+    scores = rng.uniform(*SCORE_RANGE, (threads, br, bc)).astype(np.float32)  # (threads, Br, Bc)
+    with single_threaded_blas():
+        block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, 1)
+        iterations = max(1, int(PHASE_TARGET_S / _best(lambda: block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha,
+                                                                             1))))
+        step = _best(lambda: block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, iterations)) / iterations
+        exp_rows(scores, p, 1)
+        exp = _best(lambda: exp_rows(scores, p, iterations)) / iterations
+        rescale_rows(o_acc, pv, alpha, 1)
+        rescale = _best(lambda: rescale_rows(o_acc, pv, alpha, iterations)) / iterations
+    products = max(step - exp - rescale, 0.5 * step)  # (a floor, should noise make the parts exceed the step)
+    # the tiles every task allocates: their page faults, less the same writes into tiles already mapped
+    n_tasks = 8 * threads
+    task_bytes = 4 * (2 * br * bc + 3 * br * d)
+    task_buffers(n_tasks, br, bc, d, True, threads)
+    task_buffers(n_tasks, br, bc, d, False, threads)
+    fresh = _best(lambda: task_buffers(n_tasks, br, bc, d, True, threads), repeats=5)
+    mapped = _best(lambda: task_buffers(n_tasks, br, bc, d, False, threads), repeats=5)
+    faults = n_tasks / threads * task_bytes / max(fresh - mapped, 1e-9)
+    return {"gemm_block": 4 * br * bc * d / products, "exp_block": br * bc / exp, "fma_block": br * d / rescale,
+            "task_fault": faults, "block_br": br, "block_bc": bc}
+
+
+def _standard_gemm_rates(d: int, threads: int) -> dict:
+    """The standard algorithm's matmuls (``kernels._common.blas``): S = QKᵀ (K = d) and PV (K = N) over 8 heads of
+    N = 1024, into outputs allocated once (their page faults are counted apart, in ``first_touch_all``)."""
+    from kernels._common.blas import TASKS_PER_THREAD, _batched_nn, _batched_nt, single_threaded_blas
+
+    G, n = 8, 1024
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((G, n, d), dtype=np.float32) for _ in range(3))  # (G, N, d)
+    s = np.empty((G, n, n), dtype=np.float32)  # (G, N, N)
+    o = np.empty((G, n, d), dtype=np.float32)  # (G, N, d)
+    n_blocks = max(1, min(n, -(-TASKS_PER_THREAD * threads // G)))
+    flops = 2 * G * n * n * d
+    with single_threaded_blas():
+        qk = flops / _best(lambda: _batched_nt(q, k, s, n_blocks))
+        pv = flops / _best(lambda: _batched_nn(s, v, o, n_blocks))
+    return {"gemm_qk": qk, "gemm_pv": pv, "gemm_d": d}
+
+
+def first_touch_rate(n_bytes: int) -> float:
+    """Bytes/s at which all threads fault in new pages: a parallel fill of a new array of ``n_bytes``, less the
+    same fill of a mapped one (the write itself)."""
+    x = filled(max(1, n_bytes // 4), 0.0, np.float32)
+    mapped = _best(lambda: fill_parallel(x, 1.0), repeats=2)
+    x = None  # (its pages returned before the fresh array is made)
+    fresh = _best(lambda: fill_parallel(np.empty(max(1, n_bytes // 4), dtype=np.float32), 1.0), repeats=2, warmup=0)
+    return n_bytes / max(fresh - mapped, 1e-9)
+
+
+def attention_call_seconds() -> float:
+    """Seconds of one ``kernels.attention`` call on a tiny decode input (one query, 16 keys, d = 64): the fixed
+    cost of a call, validation, allocation and one parallel region."""
+    import kernels
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 1, 1, 64), dtype=np.float32)
+    k, v = (rng.standard_normal((1, 1, 16, 64), dtype=np.float32) for _ in range(2))
+    return time_call(lambda: kernels.attention(q, k, v, causal=True), repeats=200, warmup=5, settle_s=0.0).median_s
+
+
+def int8_call_seconds() -> float:
+    """Seconds of one ``Int8Linear`` call on a 64-vector against a 64 × 64 weight: the fixed cost of the int8 path
+    (outlier scan, quantization, its kernel launches)."""
+    from kernels.int8 import Int8Linear
+
+    rng = np.random.default_rng(0)
+    layer = Int8Linear.from_float(rng.standard_normal((64, 64), dtype=np.float32))
+    x = rng.standard_normal((1, 64), dtype=np.float32)
+    return time_call(lambda: layer(x), repeats=200, warmup=5, settle_s=0.0).median_s
+
+
+DECODE_ROWS = 4  # query rows of a decode step's block products: one token times a GQA group of 4 (Llama-3-8B's)
+
+
+def decode_stream_rate(buffer, d: int, bc: int, threads: int) -> float:
+    """Bytes/s of K and V that a decode step's block products stream from DRAM on all threads: ``DECODE_ROWS``
+    query rows against 4 kv heads per thread of keys, Bc at a time, K and V views of a quarter of ``buffer`` each
+    (the flash kernel's products with Br = 1: skinny GEMMs that BLAS runs far below its GEMM rate)."""
+    from kernels._common.blas import single_threaded_blas
+
+    heads = 4 * threads
+    n = (buffer.size // 4) // (heads * d) // bc * bc
+    k = buffer[:heads * n * d].reshape(heads, n, d)  # (heads, n, d)
+    v = buffer[heads * n * d:2 * heads * n * d].reshape(heads, n, d)  # (heads, n, d)
+    q = np.ones((DECODE_ROWS, d), dtype=np.float32)  # (rows, d)
+    s = np.empty((heads, DECODE_ROWS, bc), dtype=np.float32)  # (heads, rows, Bc)
+    pv = np.empty((heads, DECODE_ROWS, d), dtype=np.float32)  # (heads, rows, d)
+    with single_threaded_blas():
+        skinny_products(q, k[:, :bc], v[:, :bc], s, pv, bc)  # compile and warm
+        return (k.nbytes + v.nbytes) / _best(lambda: skinny_products(q, k, v, s, pv, bc), repeats=2, warmup=0)
+
+
+def dense_gemv_rate(buffer) -> float:
+    """Weight bytes/s of this library's float32 GEMV (``kernels.dense.matmul_nt``, Numba's threads: the linear
+    layers of a float32 model) over a (N, 4096) view of a quarter of the mapped ``buffer``, from DRAM."""
+    from kernels.dense import matmul_nt
+
+    K = 4096
+    w = buffer[:buffer.size // 4 // K * K].reshape(-1, K)  # (N, K)
+    x = np.ones((1, K), dtype=np.float32)
+    matmul_nt(x, w[:8])  # compile and warm
+    return w.nbytes / _best(lambda: matmul_nt(x, w), repeats=2, warmup=0)
+
+
+def gemv_rates(buffer, llc_bytes: float) -> dict:
+    """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: W a (N, 4096) view of the mapped
+    ``buffer`` (DRAM: half the buffer) and of a quarter of the effective LLC (the cache)."""
+    K = 4096
+    x = np.ones((1, K), dtype=np.float32)
+    w_dram = buffer[:buffer.size // 2 // K * K].reshape(-1, K)  # (N, K)
+    w_llc = np.ones((max(1, int(llc_bytes) // 4 // 4 // K), K), dtype=np.float32)  # (N, K)
+    return {"gemv_fp32_dram": w_dram.nbytes / _best(lambda: x @ w_dram.T, repeats=3),
+            "gemv_fp32_llc": w_llc.nbytes / _best(lambda: x @ w_llc.T, repeats=20, warmup=3)}
+
+
+def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: float | None = None,
+                launch_s: float | None = None, buffer=None):
+    """Measure this machine's ``PhaseRates`` now (a few seconds). The all-core write rate is the triad's and the
+    launch cost an empty parallel region's: ``write_all`` and ``launch_s`` when given, else ``spec``'s (its
+    calibration), else measured here. ``buffer``: a float32 array of at least ``dram_test_bytes()`` whose pages
+    are mapped (allocated when not given)."""
+    import numba
+
+    from .costs.phases import PhaseRates
+
+    start = time.perf_counter()
+    threads = numba.get_num_threads()
+    l2 = cache_sizes().get("L2", 2**20)
+    if buffer is None:
+        buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
+    values = {"threads": threads}
+    values["read_all"] = read_bandwidth_of(buffer, repeats=3)
+    values["llc_bytes"], values["llc_curve_bytes"], values["llc_curve_fraction"] = llc_curve(buffer, l2)
+    # NumPy's BLAS first, then an idle pause: its threads spin for ~0.1 s after a call (OpenBLAS's THREAD_TIMEOUT)
+    # and would take the cores from every measurement after it, this calibration's and the caller's
+    values.update(gemv_rates(buffer, values["llc_bytes"]))
+    time.sleep(SETTLE_S)
+    # one core's NumPy passes from the cache (arrays of 2·L2, past one core's L2) and from DRAM (two quarters of
+    # the buffer: a pass over both covers the largest cache the OS reports, where one core's read rate measured
+    # above has long reached DRAM's)
+    half = (buffer.size // 4) // 2**20 * 2**20  # whole (1024, 1024) planes for the masked store
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(*SCORE_RANGE, 2**20).astype(np.float32)  # (2^20,) repeated over the first half
+    buffer[:half].reshape(-1, 2**20)[:] = scores  # (in place: a new array of this size would fault in slowly)
+    small = max(2**20, (2 * l2 // 4) // 2**20 * 2**20)
+    x_small = buffer[:small].copy()
+    y_small = x_small.copy()
+    values.update(_numpy_pass_rates(x_small, y_small, "llc"))
+    values.update(_numpy_pass_rates(buffer[:half], buffer[half:2 * half], "dram"))
+    values.update(_standard_gemm_rates(d, threads))
+    values.update(_flash_block_rates(d, threads))
+    values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
+    values["decode_stream"] = decode_stream_rate(buffer, d, values["block_bc"], threads)
+    values["gemv_dense_dram"] = dense_gemv_rate(buffer)
+    if write_all is None:
+        write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)
+    if launch_s is None:
+        launch_s = spec.launch_overhead_s if spec is not None else launch_overhead()
+    values["write_all"], values["launch_s"] = write_all, launch_s
+    values["attention_call_s"] = attention_call_seconds()
+    values["int8_call_s"] = int8_call_seconds()
+    llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
+    values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
+    values["row_step_s"] = 0.0
+    values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
+    values["calibration_s"] = time.perf_counter() - start
+    return PhaseRates.from_toml(PhaseRates(**values).to_toml())  # what the cache file will hold, to the last bit
+
+
+def flash_row_step_seconds(rates, d: int) -> float:
+    """Seconds per query row and key block that ``kernels.attention(algorithm="flash")`` takes beyond the parts
+    ``rates`` times (block products, exps, rescale, call): the whole kernel measured at N = 4·Br with two heads
+    per thread (4 key blocks per row, the first with its row max), less the per-phase prediction without this
+    term, over the row-blocks its slowest thread runs."""
+    import kernels
+
+    from .costs.phases import flash_phases, total_seconds
+
+    br, bc = rates.block_br, rates.block_bc
+    heads, n = 2 * rates.threads, 4 * br
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, heads, n, d), dtype=np.float32) for _ in range(3))
+    measured = _best(lambda: kernels.attention(q, k, v), repeats=5)
+    predicted = flash_phases(rates, 1, heads, heads, n, n, d, Br=br, Bc=bc)
+    row_blocks = next(p for p in predicted if p.name == "bookkeeping")  # 0 s here: its count is what is needed
+    per_thread_rows = heads * (n // br) * (n // bc) * br / rates.threads
+    del row_blocks
+    return max(0.0, measured - total_seconds(predicted)) / per_thread_rows
+
+
+def cpu_phase_rates(force: bool = False):
+    """This machine's ``PhaseRates``: from the cache file when it is there and from this machine (and these
+    threads), else measured with ``cpu_spec()`` and saved. ``force=True`` measures again."""
+    import numba
+
+    from .costs.phases import PhaseRates
+
+    path = user_cache_dir() / PHASE_CACHE_FILE
+    stamp = f"# {machine_id()} threads={numba.get_num_threads()}\n"
+    if not force and path.is_file():
+        text = path.read_text()
+        if text.startswith(stamp):
+            try:
+                return PhaseRates.from_toml(text, origin=str(path))
+            except ValueError:
+                pass
+    spec = cached_spec()
+    if spec is None:  # both at once, over one buffer
+        spec, rates = calibrate(with_phase_rates=True)
+        save_atomically(user_cache_dir() / CACHE_FILE, spec.to_toml())
+    else:
+        rates = phase_rates(spec=spec)
+    save_atomically(path, stamp + rates.to_toml())
+    return PhaseRates.from_toml(stamp + rates.to_toml())

@@ -1,0 +1,393 @@
+"""Time per phase of this library's CPU kernels: each phase's work split by kind, each kind at a calibrated rate.
+
+The roofline of ``Cost.time`` charges every kernel max(FLOPs / peak, bytes / DRAM bandwidth) on all cores. The CPU
+kernels do not run that way, and this module models what they run (``kernels/attn/_standard.py``,
+``kernels/attn/_numba_cpu.py``, ``kernels/_common/blas.py``):
+
+- the standard algorithm's matmuls S = QKᵀ and O = PV run as BLAS blocks on all of Numba's threads, each at the
+  GEMM rate of its own shape class (K = d for QKᵀ, K = N for PV); its elementwise passes (row max, P = scale·(S −
+  max), exp, row sum, P /= l, the causal mask) run in NumPy on **one core**, each at the rate one core reaches for
+  that kind of pass (a row reduction, an in-place update, a pass into a new array, a masked store, an in-place exp),
+  from the last-level cache when the pass's arrays fit in it, else from DRAM;
+- the flash kernel runs tasks of (batch, kv head, query block, key split) on all threads, statically split into
+  equal contiguous chunks (Numba's parallel loop); each task's time is its block matmuls at the per-thread rate of
+  those block shapes, its exps at the per-thread rate of the kernel's own vectorized exp, and the rescale of O_i at
+  a per-thread multiply-add rate; the slowest thread's chunk is the kernel's time, plus one parallel-region launch;
+- a decode step is the flash kernel with Nq = 1: its K/V bytes at the all-core read bandwidth, plus the fixed cost
+  of one call (validation, allocation, launches) measured on this machine.
+
+Every rate is a ``PhaseRates`` field, measured by ``simulator.calibrate_phases.phase_rates``. Sizes are plain integers
+(one configuration at a time: the flash model sums over the kernel's tasks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+# glibc's malloc serves a request above its mmap threshold with fresh pages from mmap and returns them on free; the
+# threshold adapts upwards but never beyond DEFAULT_MMAP_THRESHOLD_MAX, 4·1024·1024·sizeof(long) = 32 MiB on 64-bit
+# (glibc malloc/malloc.c, "M_MMAP_THRESHOLD"). An array above it is page-faulted in by whatever first writes it, on
+# every call; smaller ones come back from the heap already mapped.
+MMAP_THRESHOLD_MAX = 32 * 2**20
+
+# (field, unit factor for the TOML file, unit) in the order the file lists them
+_FIELDS = (
+    ("threads", 1, ""), ("llc_bytes", 2**20, "MiB"),
+    ("reduce_llc", 1e9, "GB/s"), ("reduce_dram", 1e9, "GB/s"),
+    ("update_llc", 1e9, "GB/s"), ("update_dram", 1e9, "GB/s"),
+    ("fresh_dram", 1e9, "GB/s"), ("masked_llc", 1e9, "GB/s"), ("masked_dram", 1e9, "GB/s"),
+    ("exp_llc", 1e9, "G/s"), ("exp_dram", 1e9, "G/s"),
+    ("read_all", 1e9, "GB/s"), ("write_all", 1e9, "GB/s"), ("first_touch_all", 1e9, "GB/s"),
+    ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
+    ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
+    ("row_step_s", 1e-9, "ns"),
+    ("read_all_llc", 1e9, "GB/s"), ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
+    ("gemv_fp32_dram", 1e9, "GB/s"), ("gemv_dense_dram", 1e9, "GB/s"),
+    ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
+    ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
+    ("calibration_s", 1, "s"),
+)
+
+
+@dataclass(frozen=True)
+class PhaseRates:
+    """Rates of one CPU, per kind of work and thread count, in SI units (bytes/s, FLOP/s, elements/s, seconds).
+
+    One core, NumPy (the standard algorithm's elementwise passes), ``_llc`` from the last-level cache and
+    ``_dram`` from DRAM, bytes counted as read + written: ``reduce_*`` a row reduction (max, sum; bytes read),
+    ``update_*`` an in-place ``x op= y``, ``fresh_dram`` ``z = x op y`` into a new array beyond the mmap threshold
+    (its page faults included), ``masked_*`` ``np.copyto(x, c, where=mask)`` (bytes of x), ``exp_*`` an in-place
+    ``np.exp`` (elements/s). ``llc_bytes`` is the footprint up to which a pass runs at the ``_llc`` rates: where one
+    core's read rate has fallen half-way (geometrically) from the cache's to DRAM's.
+
+    All threads: ``read_all`` and ``write_all`` DRAM bandwidth (a read-only sum; a triad), ``first_touch_all`` the
+    rate at which threads fault in new pages (the extra over writing mapped ones); ``gemm_qk`` and ``gemm_pv`` the
+    standard algorithm's batched matmuls (K = ``gemm_d``, and K = N with ``gemm_d`` columns); per thread with all
+    threads busy: ``gemm_block`` the flash kernel's two block products at ``block_br`` × ``block_bc`` tiles,
+    ``exp_block`` its vectorized exp, ``fma_block`` a multiply-add over a tile, ``task_fault`` the bytes/s at which
+    a thread faults in the tiles each task allocates (``np.empty`` per task), ``row_step_s`` the seconds per query
+    row and key block that the kernel takes beyond those parts (its online-softmax bookkeeping, the first block's
+    row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
+    ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
+    ``Int8Linear`` call on a tiny vector. ``read_all_llc``: the all-core read rate from the last-level cache;
+    ``decode_stream``: the K/V bytes/s that a decode step's block products (a few query rows against Bc keys, the
+    flash kernel with Br = 1) stream from DRAM on all threads;
+    ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM;
+    ``gemv_dense_dram``: this library's float32 GEMV (``kernels.dense.matmul_nt``) from DRAM.
+    ``calibration_s``: how long measuring all of this took.
+    """
+
+    threads: int
+    llc_bytes: float
+    reduce_llc: float
+    reduce_dram: float
+    update_llc: float
+    update_dram: float
+    fresh_dram: float
+    masked_llc: float
+    masked_dram: float
+    exp_llc: float
+    exp_dram: float
+    read_all: float
+    write_all: float
+    first_touch_all: float
+    gemm_qk: float
+    gemm_pv: float
+    gemm_block: float
+    exp_block: float
+    fma_block: float
+    task_fault: float
+    row_step_s: float
+    read_all_llc: float
+    decode_stream: float
+    gemv_fp32_llc: float
+    gemv_fp32_dram: float
+    gemv_dense_dram: float
+    launch_s: float
+    attention_call_s: float
+    int8_call_s: float
+    gemm_d: int
+    block_br: int
+    block_bc: int
+    llc_curve_bytes: tuple = ()
+    llc_curve_fraction: tuple = ()
+    calibration_s: float = 0.0
+
+    def __post_init__(self):
+        if len(self.llc_curve_bytes) < 1 or len(self.llc_curve_bytes) != len(self.llc_curve_fraction):
+            raise ValueError("PhaseRates.llc_curve_bytes and llc_curve_fraction must be equal, non-empty lists")
+        for name, _, _ in _FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"PhaseRates.{name} must be a finite number; got {value!r}")
+            if value < 0 or (value == 0 and name not in ("calibration_s", "launch_s", "row_step_s")):
+                raise ValueError(f"PhaseRates.{name} must be > 0; got {value!r}")
+
+    def to_toml(self) -> str:
+        """The rates as TOML in readable units (GB/s, GFLOP/s, µs), 10 significant digits (read back exactly)."""
+        lines = []
+        for name, factor, unit in _FIELDS:
+            value = getattr(self, name)
+            text = str(value) if isinstance(value, int) and factor == 1 else format(value / factor, ".10g")
+            lines.append(f"{name} = {text}" + (f"  # {unit}" if unit else ""))
+        lines.append("llc_curve_bytes = [" + ", ".join(str(int(b)) for b in self.llc_curve_bytes) + "]")
+        lines.append("llc_curve_fraction = [" + ", ".join(format(f, ".10g") for f in self.llc_curve_fraction) + "]")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, text: str, origin: str = "<toml>") -> "PhaseRates":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{origin}: not valid TOML: {err}") from None
+        names = [name for name, _, _ in _FIELDS] + ["llc_curve_bytes", "llc_curve_fraction"]
+        missing, unknown = sorted(set(names) - data.keys()), sorted(data.keys() - set(names))
+        if missing or unknown:
+            raise ValueError(f"{origin}: missing {missing}, unknown {unknown}")
+        ints = {"threads", "gemm_d", "block_br", "block_bc"}
+        values = {name: int(data[name]) if name in ints else data[name] * factor for name, factor, _ in _FIELDS}
+        return cls(**values, llc_curve_bytes=tuple(float(b) for b in data["llc_curve_bytes"]),
+                   llc_curve_fraction=tuple(float(f) for f in data["llc_curve_fraction"]))
+
+    def replace(self, **changes) -> "PhaseRates":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a kernel: its predicted seconds, the kind of work that sets them, the threads it runs on, and
+    the work it does (FLOPs, exps, bytes)."""
+
+    name: str
+    seconds: float
+    kind: str  # "gemm", "exp", "reduce", "update", "fresh", "masked", "rows", "read" or "call"
+    threads: int
+    flops: float = 0.0
+    exps: float = 0.0
+    bytes: float = 0.0
+
+
+def total_seconds(phases) -> float:
+    return sum(p.seconds for p in phases)
+
+
+def cache_fraction(rates, footprint):
+    """How far a pass over ``footprint`` bytes runs at cache speed, 1 (all from the cache) to 0 (from DRAM): one
+    core's measured read rate at that footprint, placed between the cache's and DRAM's on a log scale
+    (``rates.llc_curve``, interpolated in log footprint; flat beyond its ends)."""
+    sizes, fractions = rates.llc_curve_bytes, rates.llc_curve_fraction
+    if footprint <= sizes[0]:
+        return fractions[0]
+    for (s0, f0), (s1, f1) in zip(zip(sizes, fractions), zip(sizes[1:], fractions[1:])):
+        if footprint <= s1:
+            w = math.log(footprint / s0) / math.log(s1 / s0)
+            return f0 + w * (f1 - f0)
+    return fractions[-1]
+
+
+def pass_rate(rates, kind, footprint):
+    """One core's rate of a pass of ``kind`` over ``footprint`` bytes: the ``_llc`` and ``_dram`` rates of that
+    kind weighted geometrically by ``cache_fraction``."""
+    f = cache_fraction(rates, footprint)
+    return getattr(rates, f"{kind}_dram") ** (1 - f) * getattr(rates, f"{kind}_llc") ** f
+
+
+def _pass(rates, name, kind, traffic, footprint):
+    """A one-core NumPy pass of ``kind`` moving ``traffic`` bytes over arrays of ``footprint`` bytes."""
+    return Phase(name, traffic / pass_rate(rates, kind, footprint), kind, 1, bytes=traffic)
+
+
+def _new_array(rates, name, read_bytes, new_bytes):
+    """A one-core pass that reads ``read_bytes`` and writes a new array of ``new_bytes``: fresh pages above the
+    mmap threshold, else heap memory already mapped (an update's rate)."""
+    if new_bytes >= MMAP_THRESHOLD_MAX:
+        return Phase(name, (read_bytes + new_bytes) / rates.fresh_dram, "fresh", 1, bytes=read_bytes + new_bytes)
+    return _pass(rates, name, "update", read_bytes + new_bytes, read_bytes + new_bytes)
+
+
+def _gemm(rates, name, flops, rate, read_bytes, write_bytes=0, new_bytes=0):
+    """A matmul on all threads: compute at its shape's rate plus its DRAM traffic at the all-core bandwidths (a
+    sum, not the roofline's max: BLAS copies each panel into a packed buffer before it computes on it, so a panel
+    streamed from DRAM is not overlapped with the products), plus the page faults of a new output at or above the
+    mmap threshold, plus one launch."""
+    memory_s = read_bytes / rates.read_all + write_bytes / rates.write_all
+    faults_s = new_bytes / rates.first_touch_all if new_bytes >= MMAP_THRESHOLD_MAX else 0.0
+    return Phase(name, flops / rate + memory_s + faults_s + rates.launch_s, "gemm", rates.threads,
+                 flops=flops, bytes=read_bytes + write_bytes)
+
+
+def _check(**sizes):
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {value!r}")
+
+
+def standard_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=4) -> tuple[Phase, ...]:
+    """The phases of ``kernels.attention(algorithm="standard")`` on the CPU (``kernels/attn/_standard.py``), named
+    as ``kernels.attn.STANDARD_PHASES``. E = B·Hq·Nq·Nk scores of ``elem_bytes`` each."""
+    _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, elem_bytes=elem_bytes)
+    e = elem_bytes
+    E = B * Hq * Nq * Nk
+    s_bytes = E * e
+    kv_bytes = B * Hkv * Nk * d * e
+    q_bytes = B * Hq * Nq * d * e
+    s_dram = s_bytes * (1 - cache_fraction(rates, s_bytes))  # the share of S and P that reaches DRAM
+    phases = [
+        # S = QKᵀ, one GEMM of K = d per kv head on all threads, into a new (B, Hq, Nq, Nk) array
+        _gemm(rates, "qk", 2 * E * d, rates.gemm_qk, q_bytes + kv_bytes, s_dram, new_bytes=s_bytes),
+    ]
+    if causal:
+        # the (Nq, Nk) boolean mask and its negation, two new arrays, then S[~visible] = -inf in one masked store
+        mask = Nq * Nk
+        build = _new_array(rates, "mask", 0, 2 * mask)
+        store = _pass(rates, "mask", "masked", 2 * s_bytes, s_bytes + mask)
+        phases.append(Phase("mask", build.seconds + store.seconds, "masked", 1, bytes=build.bytes + store.bytes))
+    phases.append(_pass(rates, "max", "reduce", s_bytes, s_bytes))
+    # P = S − max into a new array, then P *= scale in place
+    sub = _new_array(rates, "subtract", s_bytes, s_bytes)
+    scale = _pass(rates, "subtract", "update", 2 * s_bytes, s_bytes)
+    phases.append(Phase("subtract", sub.seconds + scale.seconds, sub.kind, 1, bytes=sub.bytes + scale.bytes))
+    # exp in place: the in-place ufunc's own rate, by where P lies
+    exp_rate = pass_rate(rates, "exp", s_bytes)
+    phases.append(Phase("exp", E / exp_rate, "exp", 1, exps=E, bytes=2 * s_bytes))
+    phases.append(_pass(rates, "sum", "reduce", s_bytes, s_bytes))
+    phases.append(_pass(rates, "normalize", "update", 2 * s_bytes, s_bytes))
+    # O = PV, one GEMM of K = Nk per kv head on all threads, reading P
+    phases.append(_gemm(rates, "pv", 2 * E * d, rates.gemm_pv, s_dram + kv_bytes))
+    return tuple(phases)
+
+
+def flash_split_count(tasks, n_key_blocks, threads):
+    """Split-KV factor of the CPU flash kernel (``kernels/attn/_api.py``, ``_split_count``; Flash-Decoding): with
+    fewer than 4 tasks per thread, split the keys so that every thread gets several tasks and all the same number."""
+    if tasks >= 4 * threads or n_key_blocks <= 1:
+        return 1
+    n_splits = math.ceil(4 * threads / tasks)
+    while (tasks * n_splits) % threads and n_splits < n_key_blocks:
+        n_splits += 1
+    return min(n_splits, n_key_blocks)
+
+
+def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset, elem_bytes):
+    """(matmul FLOPs, exps, multiply-adds, bytes of new tiles) of one flash task: the query block of ``rows`` =
+    group·br rows at r0 against keys [k0, k1), block by block as ``flash_forward`` runs them; each task allocates
+    its S and P tiles (rows × Bc) and Q_i, O_i, PV (rows × d)."""
+    flops = exps = fmas = row_blocks = 0
+    tiles = elem_bytes * (2 * rows * Bc + 3 * rows * d)
+    first = True
+    for c0 in range(k0, k1, Bc):
+        bc = min(Bc, k1 - c0)
+        flops += 4 * rows * bc * d  # S_ij = Q_i K_jᵀ and P_ij V_j, each 2·rows·bc·d, masked part included
+        if causal and c0 + bc - 1 > r0 + offset:  # a diagonal block: each row's exps stop at its last visible key
+            group = rows // br
+            visible = sum(max(0, min(bc, r0 + i + offset - c0 + 1)) for i in range(br))
+            exps += group * visible
+        else:
+            exps += rows * bc
+        if first:
+            exps += rows * bc  # the row-max pass of a row's first block (a compare per score, at about exp's rate)
+            first = False
+        fmas += rows * d  # O_i ← diag(alpha) O_i + P_ij V_j
+        row_blocks += rows
+    return flops, exps, fmas, tiles, row_blocks
+
+
+def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, Bc, elem_bytes=4
+                 ) -> tuple[Phase, ...]:
+    """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
+    tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps ("softmax") and the
+    rescale of O_i ("rescale") and the page faults of each task's new tiles ("tiles"), as the slowest thread runs
+    them; the K/V traffic when it is longer ("read"); and the measured fixed cost of one call ("call"), plus the
+    merge's launch when the keys are split."""
+    _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, Br=Br, Bc=Bc, elem_bytes=elem_bytes)
+    group = Hq // Hkv
+    Br, Bc = min(Br, Nq), min(Bc, Nk)
+    Tr = -(-Nq // Br)
+    offset = Nk - Nq
+    n_splits = flash_split_count(B * Hkv * Tr, -(-Nk // Bc), rates.threads)
+    per_block = {}  # (query block, split) -> work; identical over batch and kv heads
+    for ib in range(Tr):
+        r0 = ib * Br
+        br = min(Br, Nq - r0)
+        kend = max(0, min(Nk, r0 + br + offset)) if causal else Nk
+        per_split = -(-(-(-kend // Bc)) // n_splits)
+        for split in range(n_splits):
+            k0, k1 = min(kend, split * per_split * Bc), min(kend, (split + 1) * per_split * Bc)
+            per_block[ib, split] = _task_work(group * br, br, r0, kend, k0, k1, Bc, d, causal, offset,
+                                                elem_bytes)
+    # tasks in the kernel's order (batch, kv head, query block, split), in equal contiguous chunks per thread
+    order = [per_block[ib, sp] for _ in range(B * Hkv) for ib in range(Tr) for sp in range(n_splits)]
+    threads = min(rates.threads, len(order))
+    chunk = -(-len(order) // threads)
+    slowest = max((tuple(map(sum, zip(*order[t * chunk:(t + 1) * chunk]))) for t in range(threads)
+                   if order[t * chunk:(t + 1) * chunk]), key=lambda w: w[0] / rates.gemm_block + w[1] /
+                  rates.exp_block + w[2] / rates.fma_block + w[3] / rates.task_fault + w[4] * rates.row_step_s)
+    flops, exps, fmas, tiles, row_blocks = slowest
+    compute = [Phase("qk", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
+               Phase("softmax", exps / rates.exp_block, "exp", threads, exps=exps),
+               Phase("pv", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
+               Phase("rescale", fmas / rates.fma_block, "update", threads),
+               Phase("tiles", tiles / rates.task_fault, "fresh", threads, bytes=tiles),
+               Phase("bookkeeping", row_blocks * rates.row_step_s, "rows", threads)]
+    # K and V cross DRAM once per kv head when a head's K/V stay in the cache between query blocks (they are
+    # re-read from it), Q read and O written once
+    e = elem_bytes
+    dram_bytes = 2 * B * Hkv * Nk * d * e + 2 * B * Hq * Nq * d * e
+    read_s = dram_bytes / rates.read_all
+    phases = compute
+    compute_s = total_seconds(compute)
+    if read_s > compute_s:  # memory-bound (decode): the traffic sets the time, the compute hides under it
+        phases = [Phase("read", read_s, "read", rates.threads, bytes=dram_bytes)] + [
+            dataclasses.replace(p, seconds=0.0) for p in compute]
+    launches = 1 + (n_splits > 1)  # the flash kernel, and the merge of the key splits
+    # the measured call on a tiny input already holds one launch
+    extra = [Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1)]
+    return tuple(phases) + tuple(extra)
+
+
+def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4) -> tuple[Phase, ...]:
+    """One decode step of ``kernels.attention`` (one new query against ``n_kept`` cached tokens; a pruned cache
+    keeps fewer): the flash kernel with Br = 1, whose block products are skinny GEMMs (the query heads of a GQA
+    group against Bc keys), so its K/V bytes stream at the rate measured for that shape class
+    (``rates.decode_stream``, from DRAM), not at the all-core read bandwidth; plus the fixed cost of the call and
+    the launch that merges the key splits."""
+    _check(B=B, Hq=Hq, Hkv=Hkv, n_kept=n_kept, d=d, Bc=Bc, elem_bytes=elem_bytes)
+    kv_bytes = 2 * B * Hkv * n_kept * d * elem_bytes
+    n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), rates.threads)
+    # the cache is cold, whatever its size: in a model each layer has its own, and the weights stream in between
+    stream = rates.decode_stream
+    launches = 1 + (n_splits > 1)
+    return (Phase("read", kv_bytes / stream, "read", rates.threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
+            Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1))
+
+
+def _by_level(rates, llc_rate, dram_rate, footprint):
+    f = cache_fraction(rates, footprint)
+    return dram_rate ** (1 - f) * llc_rate ** f
+
+
+def dense_gemv_phases(rates: PhaseRates, K, N) -> tuple[Phase, ...]:
+    """y = x · Wᵀ for one float32 vector x (K,) and W (N, K) in NumPy (its BLAS on all cores): the weight's bytes
+    at the GEMV rate measured for where they lie (the cache or DRAM)."""
+    _check(K=K, N=N)
+    w_bytes = 4 * K * N
+    return (Phase("gemv", w_bytes / _by_level(rates, rates.gemv_fp32_llc, rates.gemv_fp32_dram, w_bytes), "read",
+                  rates.threads, flops=2 * K * N, bytes=w_bytes),)
+
+
+def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]:
+    """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the all-core read
+    rate of where it lies, plus the fixed cost of a call (outlier scan, quantization, launches) measured on a tiny
+    vector; the ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes."""
+    _check(K=K, N=N)
+    w_bytes = K * N + 4 * N + N * n_outliers
+    read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes)
+    return (Phase("int8_gemv", read_s, "read", rates.threads, flops=2 * K * N, bytes=w_bytes),
+            Phase("call", rates.int8_call_s, "call", 1))
