@@ -70,10 +70,22 @@ def matmul_nt(x, w):
 @njit(fastmath=True, cache=True)
 def gemv_rows(x, w, y, n0, n1):
     """y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1): float32 x (K,), w (N, K), y (N,) — a range of a GEMV's outputs
-    for a fused step that schedules the ranges itself (``kernels.decode``); fastmath lets the sum vectorize."""
+    for a fused step that schedules the ranges itself (``kernels.decode``); four rows at a time (four streams of
+    weights, each load of x used four times); fastmath lets the sums vectorize."""
     K = x.size
-    for n in range(n0, n1):
+    n = n0
+    while n + 4 <= n1:
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for k in range(K):
+            xk = x[k]
+            a0 += xk * w[n, k]
+            a1 += xk * w[n + 1, k]
+            a2 += xk * w[n + 2, k]
+            a3 += xk * w[n + 3, k]
+        y[n], y[n + 1], y[n + 2], y[n + 3] = a0, a1, a2, a3
+        n += 4
+    for m in range(n, n1):
         acc = np.float32(0.0)
         for k in range(K):
-            acc += x[k] * w[n, k]
-        y[n] = acc
+            acc += x[k] * w[m, k]
+        y[m] = acc

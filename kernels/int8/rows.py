@@ -21,7 +21,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ._numba_cpu import _gemv_output, _quantize_row, round_to_float16
-from ._vnni import VECTOR_BYTES, _corrected, _dot_row, _offset_row
+from ._vnni import VECTOR_BYTES, _corrected, _dot_row, _offset_row, vdpbusd, vload, vload_first, vsum, vzero
 
 
 def padded_k(K: int) -> int:
@@ -58,13 +58,44 @@ def prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x):
     return J
 
 
+ROWS_AT_ONCE = 4  # weight rows a product step reads together: four streams, and each load of x serves four rows
+
+
+@njit(inline="always")
+def _dot_rows4(x_u8, w_i8, n):
+    """``_vnni._dot_row`` for rows n..n+3 at once (wrapped int32 sums of (x + 128)·w)."""
+    K = w_i8.shape[1]
+    full = K - K % VECTOR_BYTES
+    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+    for k in range(0, full, VECTOR_BYTES):
+        xv = vload(x_u8, k)
+        a0 = vdpbusd(a0, xv, vload(w_i8, n * K + k))
+        a1 = vdpbusd(a1, xv, vload(w_i8, (n + 1) * K + k))
+        a2 = vdpbusd(a2, xv, vload(w_i8, (n + 2) * K + k))
+        a3 = vdpbusd(a3, xv, vload(w_i8, (n + 3) * K + k))
+    if full < K:
+        xv, tail = vload(x_u8, full), K - full
+        a0 = vdpbusd(a0, xv, vload_first(w_i8, n * K + full, tail))
+        a1 = vdpbusd(a1, xv, vload_first(w_i8, (n + 1) * K + full, tail))
+        a2 = vdpbusd(a2, xv, vload_first(w_i8, (n + 2) * K + full, tail))
+        a3 = vdpbusd(a3, xv, vload_first(w_i8, (n + 3) * K + full, tail))
+    return vsum(a0), vsum(a1), vsum(a2), vsum(a3)
+
+
 @njit(cache=True)
 def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
     # an atomic update of a line that every thread's view of it shares
-    for n in range(n0, n1):
-        c = _corrected(_dot_row(x_u8, 0, w_i8, n), w_row_sums[n])
-        y[n] = _gemv_output(c, 0, n, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
+    n = n0
+    while n + ROWS_AT_ONCE <= n1:
+        sums = _dot_rows4(x_u8, w_i8, n)
+        for r in range(ROWS_AT_ONCE):
+            c = _corrected(sums[r], w_row_sums[n + r])
+            y[n + r] = _gemv_output(c, 0, n + r, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
+        n += ROWS_AT_ONCE
+    for m in range(n, n1):
+        c = _corrected(_dot_row(x_u8, 0, w_i8, m), w_row_sums[m])
+        y[m] = _gemv_output(c, 0, m, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
 
 
 @njit(cache=True)

@@ -171,8 +171,8 @@ def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k):
 
 @njit
 def _rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n):
-    for n0 in range(0, n, 3):  # in ranges of 3 outputs, the last one short
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + 3))
+    for n0 in range(0, n, 7):  # in ranges of 7 outputs (4 at once, then 3 alone), the last one short
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + 7))
 
 
 @njit(parallel=True)
