@@ -385,11 +385,11 @@ class SmolLM2:
 
         stacks = self._step.stacks
 
-        def rebind(linear, stacked, i=None):
+        def rebind(linear, stacked, i):
             if isinstance(linear, _Dense):
-                linear.w = stacked if i is None else stacked[i]
+                linear.w = stacked[i]  # (out, in) view of (L, out, in)
             else:
-                w_i8, absmax, row_sums = stacked if i is None else (a[i] for a in stacked)
+                w_i8, absmax, row_sums = (a[i] for a in stacked)
                 linear.weight = Int8Weight(w_i8=w_i8, absmax=absmax, w_row_sums=row_sums)
 
         for i, block in enumerate(self.layers):
