@@ -21,8 +21,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 COUNTER_STRIDE = 8  # int64 elements per 64-byte cache line: one counter per line
-SPINS_BEFORE_YIELD = 2000  # PAUSE rounds before a wait starts yielding (~50-300 us: 40-140 cycles per PAUSE on
-# Skylake and later, Intel optimization manual §2.5.4), far above one task of a step and below a time slice
+SPINS_BEFORE_YIELD = 2000  # PAUSE rounds before a wait starts yielding: ~30-110 us at 2.6 GHz (PAUSE takes about
+# 140 cycles from Skylake on, ~40 before: Intel 64 and IA-32 Architectures Optimization Reference Manual, "Pause
+# latency in Skylake microarchitecture"), far above one task of a step and well below a scheduler time slice
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
