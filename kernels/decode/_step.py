@@ -67,13 +67,10 @@ def _prepare(is_int8, threshold, v, quant):
 
 
 @njit(cache=True)
-def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
+def _worker(plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
     """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
     kinds, layers, tasks, rows = plan
-    qkv32, o32, gu32, down32, head32 = W32
-    qkv8, o8, gu8, down8, head8 = W8
-    qkv_a, o_a, gu_a, down_a, head_a = A8
-    qkv_r, o_r, gu_r, down_r, head_r = R8
+    blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r = weights  # blocks*[j]: (L, out, in)
     attn_norms, ffn_norms, final_norm, eps = norms
     keys, values, slots = kv
     x, h, qkv, o, ya, gate_up, act, delta, logits, empty = bufs
@@ -94,26 +91,10 @@ def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, 
             j, v_in, y = DOWN_LIN, act, delta
         lin = 4 * layer + j if j != HEAD_LIN else 4 * layer
         is_int8 = lin_kind[lin] == 1
-        if j == QKV_LIN:
-            if is_int8:
-                w8, absmax_w, row_sums = qkv8[layer], qkv_a[layer], qkv_r[layer]
-            else:
-                w32 = qkv32[layer]
-        elif j == O_LIN:
-            if is_int8:
-                w8, absmax_w, row_sums = o8[layer], o_a[layer], o_r[layer]
-            else:
-                w32 = o32[layer]
-        elif j == GATE_UP_LIN:
-            if is_int8:
-                w8, absmax_w, row_sums = gu8[layer], gu_a[layer], gu_r[layer]
-            else:
-                w32 = gu32[layer]
-        elif j == DOWN_LIN:
-            if is_int8:
-                w8, absmax_w, row_sums = down8[layer], down_a[layer], down_r[layer]
-            else:
-                w32 = down32[layer]
+        if j != HEAD_LIN and is_int8:
+            w8, absmax_w, row_sums = blocks8[j][layer], blocks_a[j][layer], blocks_r[j][layer]
+        elif j != HEAD_LIN:
+            w32 = blocks32[j][layer]
         threshold = thresholds[lin]
         quant = quant_i if j == DOWN_LIN else quant_h
         flags, cols, x_o, x_u8, absmax_x, n_outliers = quant
@@ -157,10 +138,12 @@ def _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, 
 
 
 @njit(parallel=True, cache=True)
-def _run(n_workers, plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i,
-         rot):
+def _run(n_workers, plan, counters, path, blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r,
+         lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
+    # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
     for _ in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
-        _worker(plan, counters, path, W32, W8, A8, R8, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot)
+        _worker(plan, counters, path, (blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r),
+                lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot)
 
 
 # -- the public class -----------------------------------------------------------------------------------------------
@@ -276,15 +259,16 @@ class LlamaDecodeStep:
         self._thresholds = np.zeros(4 * L + 1, dtype=np.float32)  # of the int8 linears, read at each call
         self._norms = (_norms("attn_norms", attn_norms, (L, H)), _norms("ffn_norms", ffn_norms, (L, H)),
                        _norms("final_norm", final_norm, (H,)), self.eps)
-        no32, no8 = np.empty((0, 0, 0), np.float32), (np.empty((0, 0, 0), np.int8), np.empty((0, 0), np.float32),
-                                                      np.empty((0, 0), np.int32))
-        blocks = [self.stacks[name] for name in self.NAMES]
-        head_w = self.stacks["head"]
-        self._W32 = tuple(no32 if self.int8_layers else b for b in blocks) + (
-            np.empty((0, 0), np.float32) if self.int8_head else head_w,)
-        int8_parts = [b if self.int8_layers else no8 for b in blocks] + [
-            head_w if self.int8_head else (np.empty((0, 0), np.int8), np.empty(0, np.float32), np.empty(0, np.int32))]
-        self._W8, self._A8, self._R8 = (tuple(part[k] for part in int8_parts) for k in range(3))
+        # the kernel's weights: the blocks' four stacks per part (one tuple type, indexed by the linear at run time)
+        # and the head's, empty placeholders for the kind a model does not have
+        blocks, head_w = [self.stacks[name] for name in self.NAMES], self.stacks["head"]
+        no_blocks = (np.empty((0, 0, 0), np.int8), np.empty((0, 0), np.float32), np.empty((0, 0), np.int32))
+        no_head = (np.empty((0, 0), np.int8), np.empty(0, np.float32), np.empty(0, np.int32))
+        blocks8 = [b if self.int8_layers else no_blocks for b in blocks]
+        head8 = head_w if self.int8_head else no_head
+        self._weights = (tuple(np.empty((0, 0, 0), np.float32) if self.int8_layers else b for b in blocks),
+                         np.empty((0, 0), np.float32) if self.int8_head else head_w,
+                         *(item for k in range(3) for item in (tuple(b[k] for b in blocks8), head8[k])))
         # the outputs a linear step divides among its tasks (GATE_UP: features of the SwiGLU product)
         self._outputs_of = {QKV: self.qkv_size, O_PROJ: H, GATE_UP: I, DOWN: H, HEAD: self.vocab}
         self._plans = {}  # by (logits, threads)
@@ -341,9 +325,8 @@ class LlamaDecodeStep:
         counters[:] = 0
         rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin),
                np.float32(1.0 / np.sqrt(self.head_dim)))  # as the per-layer path computes the scale
-        _run(n_workers, plan, counters, path_marker(), self._W32, self._W8,
-             self._A8, self._R8, self._lin_kind, self._thresholds, self._norms, (keys, values, slots), bufs,
-             _quant_buffers(H), _quant_buffers(I), rot)
+        _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
+             self._norms, (keys, values, slots), bufs, _quant_buffers(H), _quant_buffers(I), rot)
         result = out if logits else h
         if not np.isfinite(result).all():
             raise ValueError("the decode step produced values that are not finite (a hidden state past float32's "
