@@ -150,9 +150,9 @@ def round_to_float16(v):
 
 
 @njit(inline="always")
-def _gemv_prologue(x, threshold, flags):
-    """Steps 1-2 of ``split_gemv``, serial (M·K values): the outlier dimensions (flags, and their indices cols
-    (J,)), their float16 values x_o (M, J), and the rows quantized over the others, x_i8 (M, K), absmax_x (M,)."""
+def _outlier_columns(x, threshold, flags, cols):
+    """Step 1 of ``split_gemv``: flags[k] = any_m |x[m, k]| >= threshold (none for a threshold of 0), their
+    indices in cols[:J]; returns J."""
     M, K = x.shape
     J = 0
     for k in range(K):
@@ -162,13 +162,19 @@ def _gemv_prologue(x, threshold, flags):
                 if abs(x[m, k]) >= threshold:
                     flags[k] = True
         if flags[k]:
+            cols[J] = k
             J += 1
-    cols = np.empty(J, dtype=np.int64)  # (J,) the outlier dimensions
-    j = 0
-    for k in range(K):
-        if flags[k]:
-            cols[j] = k
-            j += 1
+    return J
+
+
+@njit(inline="always")
+def _gemv_prologue(x, threshold, flags):
+    """Steps 1-2 of ``split_gemv``, serial (M·K values): the outlier dimensions (flags, and their indices cols
+    (J,)), their float16 values x_o (M, J), and the rows quantized over the others, x_i8 (M, K), absmax_x (M,)."""
+    M, K = x.shape
+    all_cols = np.empty(K, dtype=np.int64)  # (K,)
+    cols = all_cols[:_outlier_columns(x, threshold, flags, all_cols)]  # (J,) the outlier dimensions
+    J = cols.size
     x_o = np.empty((M, J), dtype=np.float32)  # (M, J) float16 values
     x_i8 = np.empty((M, K), dtype=np.int8)  # (M, K)
     absmax_x = np.empty(M, dtype=np.float32)  # (M,)

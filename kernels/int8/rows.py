@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ._numba_cpu import _gemv_output, _quantize_row, round_to_float16
+from ._numba_cpu import _gemv_output, _outlier_columns, _quantize_row, round_to_float16
 from ._vnni import VECTOR_BYTES, _corrected, _dot_row, _offset_row, vdpbusd, vload, vload_first, vsum, vzero
 
 
@@ -45,16 +45,11 @@ def prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x):
     """Steps 1-2 of ``split_gemv`` for x (1, K) float32: the outlier features (|x| >= threshold; none for a
     threshold of 0) with their float16 values, and the regular features quantized (vector-wise absmax) and offset
     by +128 into x_u8. Returns J."""
-    K = x.shape[1]
-    J = 0
-    for k in range(K):
-        flags[k] = threshold > 0 and abs(x[0, k]) >= threshold
-        if flags[k]:
-            cols[J] = k
-            x_o[0, J] = round_to_float16(x[0, k])
-            J += 1
+    J = _outlier_columns(x, threshold, flags, cols)
+    for j in range(J):
+        x_o[0, j] = round_to_float16(x[0, cols[j]])
     _quantize_row(x, 0, flags, x_u8, absmax_x)  # the two's complement bytes of the int8 values
-    _offset_row(x_u8, 0, K)
+    _offset_row(x_u8, 0, x.shape[1])
     return J
 
 
