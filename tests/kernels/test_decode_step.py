@@ -102,8 +102,34 @@ def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads
         assert_close(keys, keys_ref.astype(np.float64), np.float32)
     _, h_next = _per_layer(layers, attn_norms, ffn_norms, final, head, x_ref, cos, sin, keys_ref, values_ref,
                            slots, d, 1e-5)
+    first = logits.copy()
     hidden = step(x, cos, sin, keys, values, slots, logits=False)  # a second token, without the head
     assert_close(hidden, h_next.astype(np.float64), np.float32)
+    assert np.array_equal(logits, first)  # a result is the caller's: the next call does not write into it
+
+
+def test_calls_from_two_threads_at_once_give_the_serial_results(rng):
+    import threading
+
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    cos, sin = np.ones(4, np.float32), np.zeros(4, np.float32)
+    inputs = [rng.standard_normal(32).astype(np.float32) for _ in range(2)]
+    caches = [rng.standard_normal((2, 2, 2, 4, 8)).astype(np.float32) for _ in range(2)]
+
+    def run(i, results):
+        for _ in range(20):
+            results.append(step(inputs[i].copy(), cos, sin, caches[i][0].copy(), caches[i][1].copy(), [3, 1]))
+
+    serial = [step(inputs[i].copy(), cos, sin, caches[i][0].copy(), caches[i][1].copy(), [3, 1]) for i in range(2)]
+    results = [[], []]
+    threads = [threading.Thread(target=run, args=(i, results[i])) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert len(results[i]) == 20 and all(np.array_equal(r, serial[i]) for r in results[i])
 
 
 def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path):
