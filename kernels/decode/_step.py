@@ -22,8 +22,9 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       int8 96.1, int8 with the int8 LM head 128.0 (per layer before: 55.2), 0.65 and 0.47 of the bound that an
       all-core read of 36.5 GB/s sets; the weights stream at 23-24 GB/s, short of that read.
   v2: the buffers made once per step object, and the int8 rows prefetched two groups ahead
-      (``kernels/_common/prefetch.py``): SmolLM2's int8 + int8 head, alternating fresh processes, 150-159 ->
-      173-188 tokens/s (read 38.7 GB/s that session).
+      (``kernels/_common/prefetch.py``): SmolLM2's int8 + int8 head, alternating fresh processes with v1, 140-167
+      -> 138-200 tokens/s over four series (read 37-39 GB/s; the machine's noise is as large as the gain: the
+      prefetch alone, on and off, 124-137 -> 139-200).
 """
 from __future__ import annotations
 
@@ -278,8 +279,9 @@ class LlamaDecodeStep:
         # the outputs a linear step divides among its tasks (GATE_UP: features of the SwiGLU product)
         self._outputs_of = {QKV: self.qkv_size, O_PROJ: H, GATE_UP: I, DOWN: H, HEAD: self.vocab}
         self._plans = {}  # by (logits, threads)
-        # the region's buffers and counters, made once: made at each call, the token took 13% longer (SmolLM2's
-        # int8 step, 6.2 -> 5.4 ms on the 2-vCPU Xeon; the logits' 196 KB come from fresh pages each time)
+        # the region's buffers and counters, made once (the logits' 196 KB came from fresh pages at each call):
+        # SmolLM2's int8 step alone 6.2 -> 5.4 ms on the 2-vCPU Xeon; in ``generate``, alternating fresh
+        # processes, 152-173 -> 160-168 tokens/s, within that machine's noise
         f32 = np.float32
         self._h, self._logits = _lines((H,), f32), _lines((self.vocab,), f32)  # the next linear's normed input
         self._work = (_lines((self.qkv_size,), f32), _lines((H,), f32), _lines((H,), f32),  # qkv, o, wo's output
