@@ -9,6 +9,7 @@ from . import _numba_cpu
 from .._common import gpu as _gpu
 from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
+from .._common.threads import SERIAL_MULTIPLY_ADDS, serial_if_small
 from ._blocks import default_blocks
 from .._common.memory import ensure_fits
 from ._standard import standard_forward
@@ -23,6 +24,20 @@ def _check_choice(name, value, choices):
         raise ValueError(f"unknown {name} {value!r}; known: {known}")
 
 
+def multiply_adds(q_shape, k_shape, causal):
+    """Multiply-adds of attention's two products, S = QKᵀ and O = PV, over the (query, key) pairs a query sees:
+    2 · B · Hq · d · pairs; with ``causal``, query i of Nq sees keys j <= i + Nk − Nq."""
+    B, Hq, Nq, d = q_shape
+    Nk = k_shape[2]
+    if not causal:
+        pairs = Nq * Nk
+    else:  # row i sees min(Nk, max(0, i + Nk - Nq + 1)) keys
+        first = max(0, Nq - Nk)  # rows before this one see no key
+        seen = np.minimum(Nk, np.arange(first, Nq) + Nk - Nq + 1)
+        pairs = int(seen.sum())
+    return 2 * B * Hq * d * pairs
+
+
 def _split_count(tasks, n_key_blocks, threads):
     """Split-KV factor (Flash-Decoding): with few query blocks (decode), split the keys so that every thread gets
     several tasks and all threads the same number (3 kv heads on 2 threads: 4 splits, 12 tasks)."""
@@ -34,41 +49,51 @@ def _split_count(tasks, n_key_blocks, threads):
     return min(n_splits, n_key_blocks)
 
 
-def _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k):
-    """(Br, Bc, n_splits, tasks) of the CPU flash kernel for these sizes."""
+def call_threads(q_shape, k_shape, causal) -> int:
+    """Threads a CPU ``attention`` call of these shapes runs on: one when it is small (``serial_if_small``),
+    else Numba's count."""
+    small = multiply_adds(q_shape, k_shape, causal) < SERIAL_MULTIPLY_ADDS
+    return 1 if small else _numba_cpu.num_threads()
+
+
+def _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads):
+    """(Br, Bc, n_splits, tasks) of the CPU flash kernel for these sizes on ``threads`` threads."""
     Br, Bc = default_blocks(d, elem_bytes, Hq // Hkv)
     Br = min(block_q or Br, max(Nq, 1))
     Bc = min(block_k or Bc, max(Nk, 1))
     Tr = math.ceil(Nq / Br)
-    n_splits = _split_count(B * Hkv * Tr, math.ceil(Nk / Bc), _numba_cpu.num_threads())
+    n_splits = _split_count(B * Hkv * Tr, math.ceil(Nk / Bc), threads)
     return Br, Bc, n_splits, B * Hkv * Tr * n_splits
 
 
-def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=None) -> int:
+def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=None, causal=False) -> int:
     """Bytes the CPU flash kernel allocates for (B, Hq, Nq, d) queries and (B, Hkv, Nk, d) keys in a dtype of
     ``elem_bytes`` bytes, output included: o and lse, the split-KV partial results, and each running task's tiles.
 
     A task holds Q_i, O_i and the P·V product (rows × d each), S and P (rows × Bc each) and m_i, l_i, alpha
     (rows each), rows = (Hq / Hkv) · Br (``flash_forward`` in ``_numba_cpu.py``); at most one task per thread runs
     at a time. This is the O(N·d) of FlashAttention, against the O(N²) of the standard algorithm's S and P.
+    ``causal`` as the call's: a small call runs on one thread (``call_threads``), with one task's tiles.
     """
     B, Hq, Nq, d = q_shape
     Hkv, Nk = k_shape[1], k_shape[2]
-    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k)
+    threads = call_threads(q_shape, k_shape, causal)
+    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads)
     rows = (Hq // Hkv) * Br
     task_elems = 3 * rows * d + 2 * rows * Bc + 3 * rows
     out_elems = B * Hq * Nq * (d + 1)  # o and lse
     split_elems = n_splits * out_elems if n_splits > 1 else 0
-    return (out_elems + split_elems + min(tasks, _numba_cpu.num_threads()) * task_elems) * elem_bytes
+    return (out_elems + split_elems + min(tasks, threads) * task_elems) * elem_bytes
 
 
 def _flash(q, k, v, scale, causal, block_q, block_k):
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    Br, Bc, n_splits, _ = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k)
+    Br, Bc, n_splits, _ = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k,
+                                      call_threads(q.shape, k.shape, causal))
     # everything it allocates, output, split results and each thread's tiles, before any of it (huge block sizes
     # made the kernel's own allocation fail inside the parallel loop: a SystemError around a MemoryError)
-    ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k),
+    ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k, causal=causal),
                 f"attention(algorithm='flash') with tiles Br={Br}, Bc={Bc} ({n_splits} key splits)",
                 "choose smaller block_q and block_k (the default tiles fit the cache)")
     o = np.empty_like(q)
@@ -227,10 +252,11 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
         return (o, lse) if return_lse else o
     q4, k4, v4 = as_compute_4d(q, k, v)
     shape = q.shape
-    if algorithm == "standard":
-        o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
-    else:
-        o, lse = _flash(q4, k4, v4, scale, bool(causal), block_q, block_k)
+    with serial_if_small(multiply_adds(q4.shape, k4.shape, bool(causal))):  # small: on this thread (call_threads)
+        if algorithm == "standard":
+            o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
+        else:
+            o, lse = _flash(q4, k4, v4, scale, bool(causal), block_q, block_k)
     o = o.reshape(shape).astype(q.dtype, copy=False)
     if return_lse:
         return o, lse.reshape(shape[:-1])
@@ -301,5 +327,6 @@ def standard_phase_times(q, k, v, *, causal=False, scale=None):
     choose_backend("standard_phase_times", "cpu", {"q": q, "k": k, "v": v})  # NumPy inputs only
     q4, k4, v4 = as_compute_4d(q, k, v)
     seconds: dict[str, float] = {}
-    o, _ = standard_forward(q4, k4, v4, scale, bool(causal), phases=seconds)
+    with serial_if_small(multiply_adds(q4.shape, k4.shape, bool(causal))):  # as ``attention`` runs it
+        o, _ = standard_forward(q4, k4, v4, scale, bool(causal), phases=seconds)
     return o.reshape(q.shape).astype(q.dtype, copy=False), seconds

@@ -11,6 +11,7 @@ import numpy as np
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
+from .._common.threads import serial_if_small
 from . import _numba_cpu, _vnni
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
@@ -112,7 +113,8 @@ def quantize_vectorwise(x, axis=-1):
     rows = np.ascontiguousarray(moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]))  # (vectors, length)
     x_i8 = np.empty(rows.shape, dtype=np.int8)
     absmax = np.empty(rows.shape[0], dtype=np.float32)
-    _numba_cpu.quantize_rows(rows, np.zeros(rows.shape[1], dtype=np.bool_), x_i8, absmax)
+    with serial_if_small(elements=rows.size):  # an element pass: small inputs on the calling thread (_common.threads)
+        _numba_cpu.quantize_rows(rows, np.zeros(rows.shape[1], dtype=np.bool_), x_i8, absmax)
     x_i8 = np.moveaxis(x_i8.reshape(moved.shape), -1, axis)
     return x_i8, absmax.reshape(moved.shape[:-1])
 

@@ -299,6 +299,26 @@ def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset, elem_bytes):
     return flops, exps, fmas, tiles, row_blocks
 
 
+SERIAL_MULTIPLY_ADDS = 2**24  # kernels._common.threads: an attention call below this runs on the calling thread
+# alone (restated: the cost model does not import the kernels; tests hold the two equal)
+
+
+def attention_multiply_adds(B, Hq, Nq, Nk, d, causal) -> int:
+    """Multiply-adds of S = QKᵀ and O = PV over the (query, key) pairs a query sees (``kernels.attn``'s
+    ``multiply_adds``): 2 · B · Hq · d · pairs; with ``causal``, query i of Nq sees keys j <= i + Nk − Nq."""
+    if not causal:
+        pairs = Nq * Nk
+    else:
+        pairs = sum(min(Nk, i + Nk - Nq + 1) for i in range(max(0, Nq - Nk), Nq))
+    return 2 * B * Hq * d * pairs
+
+
+def attention_threads(rates: PhaseRates, B, Hq, Nq, Nk, d, causal) -> int:
+    """Threads a ``kernels.attention`` call runs on: one below ``SERIAL_MULTIPLY_ADDS``, else all."""
+    small = attention_multiply_adds(B, Hq, Nq, Nk, d, causal) < SERIAL_MULTIPLY_ADDS
+    return 1 if small else rates.threads
+
+
 def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, Bc, elem_bytes=4
                  ) -> tuple[Phase, ...]:
     """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
@@ -311,7 +331,8 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
     Br, Bc = min(Br, Nq), min(Bc, Nk)
     Tr = -(-Nq // Br)
     offset = Nk - Nq
-    n_splits = flash_split_count(B * Hkv * Tr, -(-Nk // Bc), rates.threads)
+    all_threads = attention_threads(rates, B, Hq, Nq, Nk, d, causal)
+    n_splits = flash_split_count(B * Hkv * Tr, -(-Nk // Bc), all_threads)
     per_block = {}  # (query block, split) -> work; identical over batch and kv heads
     for ib in range(Tr):
         r0 = ib * Br
@@ -324,7 +345,7 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
                                                 elem_bytes)
     # tasks in the kernel's order (batch, kv head, query block, split), in equal contiguous chunks per thread
     order = [per_block[ib, sp] for _ in range(B * Hkv) for ib in range(Tr) for sp in range(n_splits)]
-    threads = min(rates.threads, len(order))
+    threads = min(all_threads, len(order))
     chunk = -(-len(order) // threads)
     slowest = max((tuple(map(sum, zip(*order[t * chunk:(t + 1) * chunk]))) for t in range(threads)
                    if order[t * chunk:(t + 1) * chunk]), key=lambda w: w[0] / rates.gemm_block + w[1] /
@@ -340,11 +361,11 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
     # re-read from it), Q read and O written once
     e = elem_bytes
     dram_bytes = 2 * B * Hkv * Nk * d * e + 2 * B * Hq * Nq * d * e
-    read_s = dram_bytes / rates.read_all
+    read_s = dram_bytes / rates.read_all * (rates.threads / threads)  # one thread: its share of the all-core rate
     phases = compute
     compute_s = total_seconds(compute)
     if read_s > compute_s:  # memory-bound (decode): the traffic sets the time, the compute hides under it
-        phases = [Phase("read", read_s, "read", rates.threads, bytes=dram_bytes)] + [
+        phases = [Phase("read", read_s, "read", threads, bytes=dram_bytes)] + [
             dataclasses.replace(p, seconds=0.0) for p in compute]
     launches = 1 + (n_splits > 1)  # the flash kernel, and the merge of the key splits
     # the measured call on a tiny input already holds one launch
@@ -360,11 +381,14 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
     the launch that merges the key splits."""
     _check(B=B, Hq=Hq, Hkv=Hkv, n_kept=n_kept, d=d, Bc=Bc, elem_bytes=elem_bytes)
     kv_bytes = 2 * B * Hkv * n_kept * d * elem_bytes
-    n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), rates.threads)
-    # the cache is cold, whatever its size: in a model each layer has its own, and the weights stream in between
-    stream = rates.decode_stream
+    threads = attention_threads(rates, B, Hq, 1, n_kept, d, True)
+    n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), threads)
+    # the cache is cold, whatever its size: in a model each layer has its own, and the weights stream in between.
+    # A small call runs on one thread, which streams its share of the all-thread rate (the skinny products are
+    # limited per core, far below the DRAM bandwidth)
+    stream = rates.decode_stream * threads / rates.threads
     launches = 1 + (n_splits > 1)
-    return (Phase("read", kv_bytes / stream, "read", rates.threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
+    return (Phase("read", kv_bytes / stream, "read", threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
             Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1))
 
 

@@ -225,3 +225,24 @@ def test_attention_time_is_predicted_within_a_quarter(validation):
 def test_phase_calibration_stays_within_its_budget(validation):
     # the budget is 10 s; twice that on a loaded 2-core machine (this run's figure is in the report)
     assert 0 < validation["calibration_s"] < 20.0
+
+
+def test_the_serial_rule_is_the_kernels():
+    from kernels._common.threads import SERIAL_MULTIPLY_ADDS
+    from kernels.attn._api import multiply_adds
+
+    assert phases.SERIAL_MULTIPLY_ADDS == SERIAL_MULTIPLY_ADDS
+    for B, Hq, Nq, Nk, d, causal in [(1, 8, 128, 128, 64, True), (2, 3, 5, 3, 8, True), (1, 9, 1, 4096, 64, True),
+                                     (1, 1, 7, 9, 4, False), (1, 2, 9, 4, 2, True)]:
+        assert phases.attention_multiply_adds(B, Hq, Nq, Nk, d, causal) == \
+            multiply_adds((B, Hq, Nq, d), (B, 1, Nk, d), causal)
+
+
+def test_a_small_attention_call_is_modelled_on_one_thread():
+    small = phases.flash_phases(RATES, 1, 8, 8, 128, 128, 64, causal=True, Br=64, Bc=64)
+    large = phases.flash_phases(RATES, 1, 8, 8, 1024, 1024, 64, causal=True, Br=64, Bc=64)
+    assert {p.threads for p in small if p.name == "qk"} == {1}
+    assert {p.threads for p in large if p.name == "qk"} == {min(RATES.threads, 8 * 16)}
+    short = phases.decode_phases(RATES, 1, 9, 3, 4096, 64, Bc=256)
+    long = phases.decode_phases(RATES, 1, 9, 3, 65536, 64, Bc=256)
+    assert short[0].threads == 1 and long[0].threads == RATES.threads

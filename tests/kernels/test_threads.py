@@ -1,0 +1,90 @@
+"""kernels._common.threads: small calls run on the calling thread alone (``serial_if_small``), large ones on the
+pool; the thread count is restored afterwards, and the results do not depend on it."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+import kernels
+from kernels import int8
+from kernels._common import threads
+from kernels.attn import _api as attn_api
+from kernels.int8 import _api as int8_api
+
+from tests.helpers import assert_close
+
+
+def _threads_inside(monkeypatch, module, name):
+    """Wrap module.name so that each call records Numba's thread count at that moment."""
+    seen = []
+    original = getattr(module, name)
+
+    def recording(*args, **kwargs):
+        seen.append(numba.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    return seen
+
+
+@pytest.mark.parametrize("work, small", [(dict(multiply_adds=threads.SERIAL_MULTIPLY_ADDS - 1), True),
+                                         (dict(multiply_adds=threads.SERIAL_MULTIPLY_ADDS), False),
+                                         (dict(elements=threads.SERIAL_ELEMENTS - 1), True),
+                                         (dict(elements=threads.SERIAL_ELEMENTS), False),
+                                         (dict(multiply_adds=1, elements=threads.SERIAL_ELEMENTS), False)])
+def test_the_context_limits_only_small_work_and_restores_the_count(work, small):
+    before = numba.get_num_threads()
+    with threads.serial_if_small(**work):
+        inside = numba.get_num_threads()
+    assert inside == (1 if small else before)
+    assert numba.get_num_threads() == before
+
+
+def test_the_count_is_restored_when_the_call_raises():
+    before = numba.get_num_threads()
+    with pytest.raises(ZeroDivisionError):
+        with threads.serial_if_small(multiply_adds=1):
+            1 / 0
+    assert numba.get_num_threads() == before
+
+
+@pytest.mark.parametrize("nq, nk, causal", [(1, 1, True), (5, 3, True), (3, 5, True), (7, 7, True), (4, 9, False),
+                                            (1, 4096, True)])
+def test_multiply_adds_count_the_pairs_a_query_sees(nq, nk, causal):
+    pairs = sum(1 for i in range(nq) for j in range(nk) if not causal or j <= i + nk - nq)
+    assert attn_api.multiply_adds((2, 3, nq, 8), (2, 1, nk, 8), causal) == 2 * 2 * 3 * 8 * pairs
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs a pool of 2 threads or more")
+def test_attention_runs_small_calls_on_one_thread_and_large_ones_on_the_pool(rng, monkeypatch):
+    seen = _threads_inside(monkeypatch, attn_api._numba_cpu, "flash_forward")
+    previous = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        small = rng.standard_normal((1, 2, 33, 16), dtype=np.float32)  # 2 · 2 · 16 · 561 multiply-adds
+        out = kernels.attention(small, small, small, causal=True)
+        q = rng.standard_normal((1, 8, 512, 64), dtype=np.float32)  # 2^27 multiply-adds
+        kernels.attention(q, q, q)
+    finally:
+        numba.set_num_threads(previous)
+    assert seen == [1, 2]
+    ref = kernels.attn.reference(small.astype(np.float64), small.astype(np.float64), small.astype(np.float64),
+                                 causal=True)
+    assert_close(out, ref, np.float32)
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs a pool of 2 threads or more")
+def test_quantize_vectorwise_runs_small_inputs_on_one_thread(rng, monkeypatch):
+    seen = _threads_inside(monkeypatch, int8_api._numba_cpu, "quantize_rows")
+    previous = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        x = rng.standard_normal((3, 70), dtype=np.float32)
+        x_i8, absmax = int8.quantize_vectorwise(x)
+        int8.quantize_vectorwise(rng.standard_normal((2048, 1024), dtype=np.float32))  # 2^21 elements
+    finally:
+        numba.set_num_threads(previous)
+    assert seen == [1, 2]
+    ref_i8, ref_absmax = int8.quantize_reference(x, axis=1)
+    assert np.array_equal(x_i8, ref_i8) and np.array_equal(absmax, ref_absmax)
