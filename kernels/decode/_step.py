@@ -5,8 +5,9 @@ Why: with the pool's threads asleep between regions (``kernels/_common/threads.p
 of tens of microseconds on a VM; a SmolLM2 token through per-layer kernels launched 121 regions, about a third of
 its time. Here the step is a fixed list of dependent steps (``plan``), each split into tasks — a run of a
 linear layer's outputs, one kv head of the attention, or one serial task (an RMSNorm, the
-quantization of a linear's input) — and every thread of the region claims tasks from an atomic counter per step,
-then waits for the step's last task before it moves on (``kernels/_common/atomics.py``). Claiming makes a late
+quantization of a linear's input) — and every thread of the region claims tasks, its own contiguous block of the
+step's tasks first, then what is left of the others' (``kernels/_common/atomics.py``: ``claim``), then waits for
+the step's last task before it moves on. Claiming makes a late
 or preempted thread harmless: the threads that are running take its tasks; the waits spin only on this call's own
 threads, which sleep again when it returns.
 
@@ -25,6 +26,9 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       (``kernels/_common/prefetch.py``): SmolLM2's int8 + int8 head, alternating fresh processes with v1, 140-167
       -> 138-200 tokens/s over four series (read 37-39 GB/s; the machine's noise is as large as the gain: the
       prefetch alone, on and off, 124-137 -> 139-200).
+  v3: each step's tasks in one contiguous home block per thread, taken in order before the others' blocks
+      (``kernels._common.atomics.claim``), so that a thread streams one run of rows per step: int8 + head 135-151
+      -> 141-162 tokens/s in four alternating pairs (within the noise), fp32 45-47 either way.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._common.atomics import COUNTER_STRIDE, atomic_add, wait_until
+from .._common.atomics import COUNTER_STRIDE, atomic_add, claim, wait_until
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
 from ..int8.rows import int8_rows, padded_k, path_marker, prepare
@@ -73,7 +77,7 @@ def _prepare(is_int8, threshold, v, quant):
 
 
 @njit(cache=True)
-def _worker(plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
+def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
     """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
     kinds, layers, tasks, rows = plan
     blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r = weights  # blocks*[j]: (L, out, in)
@@ -112,10 +116,11 @@ def _worker(plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs
             norm, residual = ffn_norms[layer], ya
         layer_kv = min(layer, keys.shape[0] - 1)  # the head's step has no cache of its own
         k_cache, v_cache = keys[layer_kv], values[layer_kv]
-        claimed, done = 2 * s * COUNTER_STRIDE, (2 * s + 1) * COUNTER_STRIDE
+        claims = s * (n_workers + 1) * COUNTER_STRIDE  # the step's home blocks' claim counts, then its done count
+        done = claims + n_workers * COUNTER_STRIDE
         while True:
-            t = atomic_add(counters, claimed, 1)
-            if t >= n_tasks:
+            t = claim(counters, claims, worker, n_workers, n_tasks)
+            if t < 0:
                 break
             n0 = t * rows[s]
             if kind == NORM_ATTN or kind == NORM_FFN or kind == NORM_FINAL:
@@ -147,8 +152,8 @@ def _worker(plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs
 def _run(n_workers, plan, counters, path, blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r,
          lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
     # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
-    for _ in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
-        _worker(plan, counters, path, (blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r),
+    for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
+        _worker(worker, n_workers, plan, counters, path, (blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r),
                 lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot)
 
 
@@ -288,7 +293,7 @@ class LlamaDecodeStep:
                       _lines((2 * I,), f32), _lines((I,), f32), _lines((H,), f32))  # gate_up, SwiGLU, w_down's
         self._quant = (_quant_buffers(H), _quant_buffers(I))  # the prepared inputs of the int8 linears
         n_steps = 9 * L + 2  # at most: nine per block, the final norm and the head (``_plan``)
-        self._counters = _lines((2 * n_steps * COUNTER_STRIDE,), np.int64)
+        self._counters = _lines(((numba.config.NUMBA_NUM_THREADS + 1) * n_steps * COUNTER_STRIDE,), np.int64)
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -337,8 +342,8 @@ class LlamaDecodeStep:
                np.float32(1.0 / np.sqrt(self.head_dim)))  # as the per-layer path computes the scale
         h, out = self._h, self._logits
         with self._lock:  # one call at a time: the buffers are the step's own
-            counters = self._counters[:2 * plan[0].size * COUNTER_STRIDE]  # (claimed, done) per step
-            counters[:] = 0
+            counters = self._counters[:(n_workers + 1) * plan[0].size * COUNTER_STRIDE]  # per step: home
+            counters[:] = 0  # blocks' claims, then its done count
             _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
                  self._norms, (keys, values, slots), (x, h, *self._work, out, np.empty(0, np.float32)),
                  *self._quant, rot)

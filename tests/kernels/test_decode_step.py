@@ -9,7 +9,7 @@ import pytest
 from numba import njit, prange
 
 from kernels import decode
-from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, wait_until
+from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, wait_until
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
 from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
@@ -229,3 +229,38 @@ def test_claimed_steps_run_in_order(n_workers):
 @njit
 def _load(counters, i):
     return atomic_load(counters, i)
+
+
+@njit(parallel=True)
+def _claim_all(n_workers, counters, taken, n_tasks, n_steps):
+    for worker in prange(n_workers):
+        for s in range(n_steps):
+            base = s * (n_workers + 1) * COUNTER_STRIDE
+            while True:
+                t = claim(counters, base, worker, n_workers, n_tasks)
+                if t < 0:
+                    break
+                taken[s, t, worker] += 1
+                atomic_add(counters, base + n_workers * COUNTER_STRIDE, 1)
+            wait_until(counters, base + n_workers * COUNTER_STRIDE, n_tasks)
+
+
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 5])
+@pytest.mark.parametrize("n_tasks", [1, 2, 7, 40])
+def test_each_task_is_claimed_once_and_a_worker_starts_with_its_home_block(n_workers, n_tasks):
+    n_steps = 20
+    counters = np.zeros((n_workers + 1) * n_steps * COUNTER_STRIDE, np.int64)
+    taken = np.zeros((n_steps, n_tasks, n_workers), np.int64)
+    _claim_all(n_workers, counters, taken, n_tasks, n_steps)  # as many workers as threads or more (5 on 2 cores)
+    assert np.array_equal(taken.sum(axis=2), np.ones((n_steps, n_tasks), np.int64))
+    # one worker alone takes every task: its home block first, in order, then the others' blocks
+    counters = np.zeros((n_workers + 1) * COUNTER_STRIDE, np.int64)
+    order = [_claim(counters, n_workers - 1, n_workers, n_tasks) for _ in range(n_tasks + 1)]
+    per_block = -(-n_tasks // n_workers)
+    home = list(range((n_workers - 1) * per_block, min(n_tasks, n_workers * per_block)))
+    assert order[:len(home)] == home and sorted(order[:-1]) == list(range(n_tasks)) and order[-1] == -1
+
+
+@njit
+def _claim(counters, worker, n_workers, n_tasks):
+    return claim(counters, 0, worker, n_workers, n_tasks)
