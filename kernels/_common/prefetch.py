@@ -62,7 +62,9 @@ def prefetch_lines(flat, start, stop):
 
 
 @njit(inline="always")
-def prefetch_rows(w, n, n1, rows):
-    """Ask for rows n .. min(n + rows, n1) − 1 of the C-contiguous 2-D array w."""
-    K = w.shape[1]
-    prefetch_lines(w.reshape(-1), n * K, min(n + rows, n1) * K)
+def prefetch_rows(flat, K, n, n1, rows):
+    """Ask for rows n .. min(n + rows, n1) − 1 of a C-contiguous (N, K) array whose flat view ``flat`` the caller
+    made once (``w.reshape(-1)``): a view made per call is a reference counted on the array's shared record, an
+    atomic update of a line that every thread reading the array also updates (made per four rows, the int8 rows
+    ran 15% slower on two threads: 4.3 against 3.7 ms over SmolLM2's weights)."""
+    prefetch_lines(flat, n * K, min(n + rows, n1) * K)

@@ -82,10 +82,11 @@ def _dot_rows4(x_u8, w_i8, n):
 def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
     # an atomic update of a line that every thread's view of it shares
-    prefetch_rows(w_i8, n0, n1, PREFETCH_ROWS)
+    K, flat = w_i8.shape[1], w_i8.reshape(-1)  # the flat view made once (see prefetch_rows)
+    prefetch_rows(flat, K, n0, n1, PREFETCH_ROWS)
     n = n0
     while n + ROWS_AT_ONCE <= n1:
-        prefetch_rows(w_i8, n + PREFETCH_ROWS, n1, ROWS_AT_ONCE)  # the group two ahead (_common.prefetch)
+        prefetch_rows(flat, K, n + PREFETCH_ROWS, n1, ROWS_AT_ONCE)  # the group two ahead (_common.prefetch)
         sums = _dot_rows4(x_u8, w_i8, n)
         for r in range(ROWS_AT_ONCE):
             c = _corrected(sums[r], w_row_sums[n + r])
