@@ -3,7 +3,8 @@ head, beside the bound that the weight bytes read per token and the all-core rea
 run: ``simulator.calibrate.read_bandwidth``) set, and as ratios to fp32 measured in the same run.
 
 Targets of issue 17: int8 prefill faster than fp32; fp32 decode >= 0.9 of its bound; int8 with the int8 LM head
->= 2.5x fp32's decode tokens/s.
+>= 2.5x fp32's decode tokens/s. Beside the bound, ``of_weights_read``: the weight bytes per token at the decode
+rate over a plain read of the step's own weight arrays, measured in turn with the decode runs.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytest.importorskip("gguf", reason="the model extra is not installed: pip instal
 from kernels.cpuinfo import cpu_model  # noqa: E402
 from kernels.int8 import _api as int8_api  # noqa: E402
 from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
-from simulator.calibrate import read_bandwidth  # noqa: E402
+from simulator.calibrate import _read_sum, read_bandwidth  # noqa: E402
 
 PREFILL_TOKENS = 1024
 DECODE_TOKENS = 64
@@ -28,6 +29,25 @@ FP32 = {}  # fp32's prefill and decode tokens/s, for the ratios of the int8 rows
 @pytest.fixture(scope="module")
 def read_gbps():
     return read_bandwidth() / 1e9
+
+
+def _weights_read_bytes_per_s(model, passes=5):
+    """Bytes/s of plain all-core reads (``simulator.calibrate``'s read kernel) of the decode step's own weight
+    arrays, one after the other as a token reads them; the median of ``passes`` passes over all of them: the rate
+    the step would stream at if its products and steps cost nothing."""
+    step = model._one_region_step()
+    arrays = [(a[0] if isinstance(a, tuple) else a).reshape(-1).view(np.float32)  # int8: the weights, not scales
+              for a in step.stacks.values()]
+    chunks = 64 * (os.cpu_count() or 1)
+
+    def one_pass():
+        start = time.perf_counter()
+        for a in arrays:
+            _read_sum(a, chunks)
+        return time.perf_counter() - start
+
+    one_pass()  # compile, warm
+    return sum(a.nbytes for a in arrays) / float(np.median([one_pass() for _ in range(passes)]))
 
 
 @pytest.mark.parametrize("linear, quantize_lm_head", [("fp32", False), ("int8", False), ("int8", True)],
@@ -49,7 +69,11 @@ def test_decode_tokens_per_second(benchmark, read_gbps, record, linear, quantize
         return len(out) / timings["decode_s"]
 
     benchmark.pedantic(decode, rounds=3, warmup_rounds=0)
-    tokens_per_s = float(np.median([decode() for _ in range(3)]))
+    rates, weights_read = [], []
+    for _ in range(3):  # decode and a plain read of the same weights, taken in turn (this VM's bandwidth drifts)
+        rates.append(decode())
+        weights_read.append(_weights_read_bytes_per_s(model))
+    tokens_per_s, weights_read = float(np.median(rates)), float(np.median(weights_read))
     prefill_tokens_per_s = PREFILL_TOKENS / min(prefill_s)
     bytes_per_token = model.weight_bytes_per_token()
     bound = read_gbps * 1e9 / bytes_per_token  # tokens/s if each decode step only streamed its weights once
@@ -59,6 +83,8 @@ def test_decode_tokens_per_second(benchmark, read_gbps, record, linear, quantize
            "prefill_tokens/s": f"{prefill_tokens_per_s:.0f}", "decode_tokens/s": f"{tokens_per_s:.1f}",
            "weight_MB/token": f"{bytes_per_token / 1e6:.0f}", "bound_tokens/s": f"{bound:.1f}",
            "of_bound": f"{tokens_per_s / bound:.2f}", "read_GB/s": f"{read_gbps:.1f}",
+           "weights_read_GB/s": f"{weights_read / 1e9:.1f}",
+           "of_weights_read": f"{tokens_per_s * bytes_per_token / weights_read:.2f}",
            "int8_path": ("vpdpbusd" if int8_api.USE_VNNI else "loop") if linear == "int8" else "",
            "cpu": f"{cpu_model()} x{os.cpu_count()}"}
     if linear != "fp32" and FP32:
