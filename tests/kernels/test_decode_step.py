@@ -93,9 +93,14 @@ def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads
         logits = step(x, cos, sin, keys, values, slots)
     finally:
         numba.set_num_threads(previous)
-    if int8:
-        assert np.array_equal(logits, logits_ref) and np.array_equal(x, x_ref)
+    if int8:  # the blocks bit for bit; the logits too where the head is int8 (a float32 head's GEMV is another
+        # kernel, kernels.dense.gemv_rows, whose sums LLVM orders by the vector width: equal on AVX-512, not AVX2)
+        assert np.array_equal(x, x_ref)
         assert np.array_equal(keys, keys_ref) and np.array_equal(values, values_ref)
+        if int8_head:
+            assert np.array_equal(logits, logits_ref)
+        else:
+            assert_close(logits, logits_ref.astype(np.float64), np.float32)
     else:
         assert_close(logits, logits_ref.astype(np.float64), np.float32)
         assert_close(x, x_ref.astype(np.float64), np.float32)
