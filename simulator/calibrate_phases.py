@@ -255,7 +255,8 @@ def first_touch_rate(n_bytes: int) -> float:
 
 def attention_call_seconds() -> float:
     """Seconds of one ``kernels.attention`` call on a tiny decode input (one query, 16 keys, d = 64): the fixed
-    cost of a call, validation, allocation and one parallel region."""
+    cost of a call, validation and allocation; a call this small runs on the calling thread and launches no
+    parallel region (``kernels._common.threads.serial_if_small``), which the model adds per launch of a larger one."""
     import kernels
 
     rng = np.random.default_rng(0)

@@ -368,8 +368,8 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
         phases = [Phase("read", read_s, "read", threads, bytes=dram_bytes)] + [
             dataclasses.replace(p, seconds=0.0) for p in compute]
     launches = 1 + (n_splits > 1)  # the flash kernel, and the merge of the key splits
-    # the measured call on a tiny input already holds one launch
-    extra = [Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1)]
+    # (the tiny call runs on one thread, so it holds no region; a call on the pool pays one per launch)
+    extra = [Phase("call", rates.attention_call_s + (launches if threads > 1 else 0) * rates.launch_s, "call", 1)]
     return tuple(phases) + tuple(extra)
 
 
@@ -389,7 +389,7 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
     stream = rates.decode_stream * threads / rates.threads
     launches = 1 + (n_splits > 1)
     return (Phase("read", kv_bytes / stream, "read", threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
-            Phase("call", rates.attention_call_s + (launches - 1) * rates.launch_s, "call", 1))
+            Phase("call", rates.attention_call_s + (launches if threads > 1 else 0) * rates.launch_s, "call", 1))
 
 
 def _by_level(rates, llc_rate, dram_rate, footprint):
