@@ -49,8 +49,9 @@ PREFETCH_ROWS = 8  # a row kernel asks for the weight rows this far ahead of the
 # 4.6 KB at K = 576 int8, enough to keep the ~2 KB that one core must have in flight to stream at ~20 GB/s against
 # a ~100 ns DRAM latency (Little's law) across the page boundaries. Measured on SmolLM2's int8 decode step (2-vCPU
 # Xeon, KVM, alternating fresh processes): the step alone 7.2-7.8 ms without, 5.6-6.7 ms with (the LM head's 28 MB
-# 1.4 -> 0.84-0.94 ms); ``generate`` 124-137 -> 139-200 tokens/s. The float32 rows (2.3 KB each at K = 576, so four rows fill two pages) lost 5%
-# (21.5-21.9 ms without, 22.7-22.9 with): ``kernels.dense.gemv_rows`` does not prefetch
+# 1.4 -> 0.84-0.94 ms); ``generate`` 124-137 -> 139-200 tokens/s. The float32 rows (2.3 KB each at K = 576, so
+# four rows fill two pages) lost 5% (21.5-21.9 ms without, 22.7-22.9 with): ``kernels.dense.gemv_rows`` does not
+# prefetch
 
 
 @njit(inline="always")

@@ -81,7 +81,8 @@ def _prepare(is_int8, threshold, v, quant):
 
 
 @njit(cache=True)
-def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
+def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h,
+            quant_i, rot):
     """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
     kinds, layers, tasks, rows = plan
     blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r = weights  # blocks*[j]: (L, out, in)
@@ -157,8 +158,9 @@ def _run(n_workers, plan, counters, path, blocks32, head32, blocks8, head8, bloc
          lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
     # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
     for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
-        _worker(worker, n_workers, plan, counters, path, (blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r),
-                lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot)
+        _worker(worker, n_workers, plan, counters, path,
+                (blocks32, head32, blocks8, head8, blocks_a, head_a, blocks_r, head_r), lin_kind, thresholds, norms,
+                kv, bufs, quant_h, quant_i, rot)
 
 
 # -- the public class -----------------------------------------------------------------------------------------------
@@ -334,8 +336,6 @@ class LlamaDecodeStep:
             if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (half,):
                 raise ValueError(f"{name} must be a float32 array ({half},); got {np.shape(a)}")
         slots = self._check_caches(keys, values, slots)
-        for lin, layer in self._int8:
-            self._thresholds[lin] = layer.threshold
         n_workers = numba.get_num_threads()
         key = (bool(logits), n_workers)
         if key not in self._plans:
@@ -346,6 +346,8 @@ class LlamaDecodeStep:
                np.float32(1.0 / np.sqrt(self.head_dim)))  # as the per-layer path computes the scale
         h, out = self._h, self._logits
         with self._lock:  # one call at a time: the buffers are the step's own
+            for lin, layer in self._int8:
+                self._thresholds[lin] = layer.threshold
             counters = self._counters[:(n_workers + 1) * plan[0].size * COUNTER_STRIDE]  # per step: home
             counters[:] = 0  # blocks' claims, then its done count
             _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
