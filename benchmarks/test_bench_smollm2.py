@@ -19,7 +19,7 @@ pytest.importorskip("gguf", reason="the model extra is not installed: pip instal
 from kernels.cpuinfo import cpu_model  # noqa: E402
 from kernels.int8 import _api as int8_api  # noqa: E402
 from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
-from simulator.calibrate import _read_sum, read_bandwidth  # noqa: E402
+from simulator.calibrate import read_bandwidth, read_once  # noqa: E402
 
 PREFILL_TOKENS = 1024
 DECODE_TOKENS = 64
@@ -32,18 +32,16 @@ def read_gbps():
 
 
 def _weights_read_bytes_per_s(model, passes=5):
-    """Bytes/s of plain all-core reads (``simulator.calibrate``'s read kernel) of the decode step's own weight
+    """Bytes/s of plain all-core reads (``simulator.calibrate.read_once``) of the decode step's own weight
     arrays, one after the other as a token reads them; the median of ``passes`` passes over all of them: the rate
     the step would stream at if its products and steps cost nothing."""
     step = model._one_region_step()
     arrays = [(a[0] if isinstance(a, tuple) else a).reshape(-1).view(np.float32)  # int8: the weights, not scales
               for a in step.stacks.values()]
-    chunks = 64 * (os.cpu_count() or 1)
 
     def one_pass():
         start = time.perf_counter()
-        for a in arrays:
-            _read_sum(a, chunks)
+        read_once(*arrays)
         return time.perf_counter() - start
 
     one_pass()  # compile, warm

@@ -29,12 +29,8 @@ def multiply_adds(q_shape, k_shape, causal):
     2 · B · Hq · d · pairs; with ``causal``, query i of Nq sees keys j <= i + Nk − Nq."""
     B, Hq, Nq, d = q_shape
     Nk = k_shape[2]
-    if not causal:
-        pairs = Nq * Nk
-    else:  # row i sees min(Nk, max(0, i + Nk - Nq + 1)) keys
-        first = max(0, Nq - Nk)  # rows before this one see no key
-        seen = np.minimum(Nk, np.arange(first, Nq) + Nk - Nq + 1)
-        pairs = int(seen.sum())
+    n = min(Nq, Nk)  # causal: the last n rows see Nk − n + 1, ..., Nk keys (the others none)
+    pairs = Nq * Nk if not causal else n * (2 * Nk - n + 1) // 2
     return 2 * B * Hq * d * pairs
 
 

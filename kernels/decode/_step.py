@@ -298,6 +298,7 @@ class LlamaDecodeStep:
         self._work = (_lines((self.qkv_size,), f32), _lines((H,), f32), _lines((H,), f32),  # qkv, o, wo's output
                       _lines((2 * I,), f32), _lines((I,), f32), _lines((H,), f32))  # gate_up, SwiGLU, w_down's
         self._quant = (_quant_buffers(H), _quant_buffers(I))  # the prepared inputs of the int8 linears
+        self._empty = np.empty(0, dtype=f32)  # the first block's residual branch: none
         n_steps = 9 * L + 2  # at most: nine per block, the final norm and the head (``_plan``)
         self._counters = _lines(((numba.config.NUMBA_NUM_THREADS + 1) * n_steps * COUNTER_STRIDE,), np.int64)
         self._lock = threading.Lock()
@@ -351,7 +352,7 @@ class LlamaDecodeStep:
             counters = self._counters[:(n_workers + 1) * plan[0].size * COUNTER_STRIDE]  # per step: home
             counters[:] = 0  # blocks' claims, then its done count
             _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
-                 self._norms, (keys, values, slots), (x, h, *self._work, out, np.empty(0, np.float32)),
+                 self._norms, (keys, values, slots), (x, h, *self._work, out, self._empty),
                  *self._quant, rot)
             result = (out if logits else h).copy()
         if not np.isfinite(result).all():

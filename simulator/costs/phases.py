@@ -306,10 +306,8 @@ SERIAL_MULTIPLY_ADDS = 2**24  # kernels._common.threads: an attention call below
 def attention_multiply_adds(B, Hq, Nq, Nk, d, causal) -> int:
     """Multiply-adds of S = QKᵀ and O = PV over the (query, key) pairs a query sees (``kernels.attn``'s
     ``multiply_adds``): 2 · B · Hq · d · pairs; with ``causal``, query i of Nq sees keys j <= i + Nk − Nq."""
-    if not causal:
-        pairs = Nq * Nk
-    else:
-        pairs = sum(min(Nk, i + Nk - Nq + 1) for i in range(max(0, Nq - Nk), Nq))
+    n = min(Nq, Nk)  # causal: the last n rows see Nk − n + 1, ..., Nk keys (the others none)
+    pairs = Nq * Nk if not causal else n * (2 * Nk - n + 1) // 2
     return 2 * B * Hq * d * pairs
 
 

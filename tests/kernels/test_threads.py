@@ -56,35 +56,34 @@ def test_multiply_adds_count_the_pairs_a_query_sees(nq, nk, causal):
     assert attn_api.multiply_adds((2, 3, nq, 8), (2, 1, nk, 8), causal) == 2 * 2 * 3 * 8 * pairs
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs a pool of 2 threads or more")
-def test_attention_runs_small_calls_on_one_thread_and_large_ones_on_the_pool(rng, monkeypatch):
-    seen = _threads_inside(monkeypatch, attn_api._numba_cpu, "flash_forward")
+@pytest.fixture
+def two_threads():
+    """Numba's pool at 2 threads for the test, restored after it."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs a pool of 2 threads or more")
     previous = numba.get_num_threads()
     numba.set_num_threads(2)
-    try:
-        small = rng.standard_normal((1, 2, 33, 16), dtype=np.float32)  # 2 · 2 · 16 · 561 multiply-adds
-        out = kernels.attention(small, small, small, causal=True)
-        q = rng.standard_normal((1, 8, 512, 64), dtype=np.float32)  # 2^27 multiply-adds
-        kernels.attention(q, q, q)
-    finally:
-        numba.set_num_threads(previous)
+    yield
+    numba.set_num_threads(previous)
+
+
+def test_attention_runs_small_calls_on_one_thread_and_large_ones_on_the_pool(rng, monkeypatch, two_threads):
+    seen = _threads_inside(monkeypatch, attn_api._numba_cpu, "flash_forward")
+    small = rng.standard_normal((1, 2, 33, 16), dtype=np.float32)  # 2 · 2 · 16 · 561 multiply-adds
+    out = kernels.attention(small, small, small, causal=True)
+    q = rng.standard_normal((1, 8, 512, 64), dtype=np.float32)  # 2^28 multiply-adds
+    kernels.attention(q, q, q)
     assert seen == [1, 2]
     ref = kernels.attn.reference(small.astype(np.float64), small.astype(np.float64), small.astype(np.float64),
                                  causal=True)
     assert_close(out, ref, np.float32)
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs a pool of 2 threads or more")
-def test_quantize_vectorwise_runs_small_inputs_on_one_thread(rng, monkeypatch):
+def test_quantize_vectorwise_runs_small_inputs_on_one_thread(rng, monkeypatch, two_threads):
     seen = _threads_inside(monkeypatch, int8_api._numba_cpu, "quantize_rows")
-    previous = numba.get_num_threads()
-    numba.set_num_threads(2)
-    try:
-        x = rng.standard_normal((3, 70), dtype=np.float32)
-        x_i8, absmax = int8.quantize_vectorwise(x)
-        int8.quantize_vectorwise(rng.standard_normal((2048, 1024), dtype=np.float32))  # 2^21 elements
-    finally:
-        numba.set_num_threads(previous)
+    x = rng.standard_normal((3, 70), dtype=np.float32)
+    x_i8, absmax = int8.quantize_vectorwise(x)
+    int8.quantize_vectorwise(rng.standard_normal((2048, 1024), dtype=np.float32))  # 2^21 elements
     assert seen == [1, 2]
     ref_i8, ref_absmax = int8.quantize_reference(x, axis=1)
     assert np.array_equal(x_i8, ref_i8) and np.array_equal(absmax, ref_absmax)
