@@ -106,16 +106,22 @@ def wait_until(counters, index, target):
 
 
 @njit(cache=True)
+def home_block(worker, n_workers, n_tasks):
+    """The tasks lo .. hi − 1 of ``worker``'s home block in ``claim`` (empty when lo >= hi)."""
+    per_block = (n_tasks + n_workers - 1) // n_workers
+    lo = worker * per_block
+    return lo, min(n_tasks, lo + per_block)
+
+
+@njit(cache=True)
 def claim(counters, base, worker, n_workers, n_tasks):
     """A task of a step of ``n_tasks``, or -1 when none is left: the tasks are ``n_workers`` contiguous home blocks,
     block b's claims counted at counters[base + b·COUNTER_STRIDE]. A worker takes its own block's tasks in order
     first, so that each thread streams one contiguous run of the step's data, then the other blocks' (a late or
     preempted thread's tasks are taken by the others). Every task is returned exactly once."""
-    per_block = (n_tasks + n_workers - 1) // n_workers
     for b in range(n_workers):
         block = (worker + b) % n_workers
-        lo = block * per_block
-        hi = min(n_tasks, lo + per_block)
+        lo, hi = home_block(block, n_workers, n_tasks)
         index = base + block * COUNTER_STRIDE
         if lo >= hi or lo + atomic_load(counters, index) >= hi:  # empty or taken: no write to its line
             continue

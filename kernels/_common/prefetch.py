@@ -1,12 +1,13 @@
 """A software prefetch for Numba CPU code: ``llvm.prefetch`` (LLVM Language Reference, "'llvm.prefetch'
-Intrinsic"; on x86 ``PREFETCHT0``, Intel SDM vol. 2B, "PREFETCHh"), which asks for the cache line holding an array
-element and returns at once.
+Intrinsic"; on x86 ``PREFETCHT0`` or ``PREFETCHT1``, Intel SDM vol. 2B, "PREFETCHh"), which asks for the cache
+line holding an array element and returns at once.
 
 Why: the cores' hardware stream prefetchers follow a stream within one 4 KiB page only (Intel 64 and IA-32
 Architectures Optimization Reference Manual, "Data Prefetching": the L2 streamer "detects and maintains up to 32
 streams of data accesses ... within a 4K page"), so a kernel that reads weight rows at DRAM speed stalls at each
 page it enters until the prefetcher has seen enough misses there to restart. Asking for the rows a few groups ahead
-keeps the next page's lines in flight.
+keeps the next page's lines in flight. A thread with nothing to do until the others finish can also ask for the
+data of its next task, so that the memory keeps streaming while it waits (``kernels.decode``'s token step).
 """
 from __future__ import annotations
 
@@ -17,14 +18,9 @@ from numba import njit
 from numba.extending import intrinsic
 
 
-@intrinsic
-def prefetch(typingctx, array, index):
-    """Ask for the cache line of ``array[index]`` (a 1-D array) to be read into all cache levels; no effect on the
-    program's values, and an address past the array's end is harmless (a prefetch never faults)."""
-    if not (isinstance(array, types.Array) and array.ndim == 1):
-        return None
-    sig = types.none(array, types.intp)
-
+def _prefetch_codegen(locality):
+    """The code of ``llvm.prefetch`` (read, data cache) of an array element, at LLVM's temporal ``locality``: 3 is
+    x86's ``PREFETCHT0`` (every level), 2 ``PREFETCHT1`` (L2 and out, not L1)."""
     def codegen(context, builder, signature, args):
         array_value, index_value = args
         index_value = context.cast(builder, index_value, signature.args[1], types.intp)
@@ -36,12 +32,30 @@ def prefetch(typingctx, array, index):
         fn = cgutils.get_or_insert_function(builder.module,
                                             ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]),
                                             "llvm.prefetch.p0i8")
-        # read (0), highest temporal locality (3: keep it in every level), data cache (1)
-        builder.call(fn, [builder.bitcast(pointer, byte_pointer), ir.Constant(i32, 0), ir.Constant(i32, 3),
+        # read (0), the locality, data cache (1)
+        builder.call(fn, [builder.bitcast(pointer, byte_pointer), ir.Constant(i32, 0), ir.Constant(i32, locality),
                           ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Ask for the cache line of ``array[index]`` (a 1-D array) to be read into all cache levels; no effect on the
+    program's values, and an address past the array's end is harmless (a prefetch never faults)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1):
+        return None
+    return types.none(array, types.intp), _prefetch_codegen(3)
+
+
+@intrinsic
+def prefetch_l2(typingctx, array, index):
+    """``prefetch`` into L2 and the levels beyond it, not L1 (``PREFETCHT1``): for lines asked for well before
+    they are read, which would only crowd the small L1 meanwhile."""
+    if not (isinstance(array, types.Array) and array.ndim == 1):
+        return None
+    return types.none(array, types.intp), _prefetch_codegen(2)
 
 
 CACHE_LINE_BYTES = 64  # x86 (Intel SDM vol. 3A, "Cache Line Size"; AMD64 APM vol. 2, "Cache Organization")

@@ -9,6 +9,7 @@ import pytest
 from numba import njit, prange
 
 from kernels import decode
+from kernels.decode import _step
 from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, wait_until
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
@@ -269,3 +270,49 @@ def test_each_task_is_claimed_once_and_a_worker_starts_with_its_home_block(n_wor
 @njit
 def _claim(counters, worker, n_workers, n_tasks):
     return claim(counters, 0, worker, n_workers, n_tasks)
+
+
+@pytest.mark.parametrize("int8_layers, int8_head, logits", [(False, False, True), (True, True, True),
+                                                            (True, False, False)])
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+def test_each_step_looks_ahead_to_the_next_step_that_reads_a_weight(int8_layers, int8_head, logits, n_workers):
+    outputs_of = {_step.QKV: 96, _step.O_PROJ: 64, _step.GATE_UP: 80, _step.DOWN: 64, _step.HEAD: 1000}
+    kinds, layers, tasks, rows, ahead = _step._plan(3, outputs_of, 2, int8_layers, int8_head, logits, n_workers)
+    linear = np.isin(kinds, _step.LINEAR_STEPS)
+    for s in range(kinds.size):
+        later = np.flatnonzero(linear[s + 1:])
+        assert ahead[s] == (s + 1 + later[0] if later.size else -1)
+
+
+@pytest.mark.parametrize("first_task, last_task, rows_per_task, n_features, row_bytes, pair", [
+    (0, 4, 16, 64, 576, False),  # the whole block fits the budget
+    (4, 8, 16, 100, 576, False),  # the last block ends at the features' end
+    (2, 5, 512, 49152, 576, False),  # the budget ends it
+    (0, 3, 64, 1536, 2304, True),  # gate and up rows share the budget
+    (3, 3, 16, 64, 576, False),  # an empty home block asks for nothing
+    (0, 1, 16, 8, 1 << 20, False),  # a row past the budget: still one
+])
+def test_the_rows_asked_for_ahead_start_the_home_block_within_the_budget(first_task, last_task, rows_per_task,
+                                                                        n_features, row_bytes, pair):
+    first, last = _step._ahead_rows(first_task, last_task, rows_per_task, n_features, row_bytes, pair)
+    block_end = min(last_task * rows_per_task, n_features)
+    assert first == first_task * rows_per_task
+    halves = 2 if pair else 1
+    if first >= block_end:
+        assert last == first
+    else:
+        assert first < last <= block_end
+        asked = (last - first) * row_bytes * halves
+        assert asked <= max(_step.AHEAD_BYTES, row_bytes * halves)  # no more rows than the budget holds (one at least)
+        assert last == block_end or asked + row_bytes * halves > _step.AHEAD_BYTES  # nor fewer
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float32])
+@pytest.mark.parametrize("pair", [False, True])
+def test_a_wait_that_streams_ahead_returns_once_the_count_is_reached(dtype, pair):
+    w = np.ones((64, 40), dtype=dtype)
+    counters = np.zeros(2 * COUNTER_STRIDE, np.int64)
+    counters[COUNTER_STRIDE] = 3
+    _step._wait_streaming(counters, COUNTER_STRIDE, 3, w, 0, 32 if pair else 64, pair)  # up to the array's end
+    _step._wait_streaming(counters, COUNTER_STRIDE, 3, w, 5, 5, pair)  # nothing to ask for
+    assert counters[COUNTER_STRIDE] == 3 and np.all(w == 1)
