@@ -208,6 +208,14 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
             else:  # QKV, O_PROJ, DOWN, HEAD
                 _linear_rows(is_int8, path, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y,
                              n0, min(n0 + rows[s], y.size))
+            if s == kinds.size - 1:  # the step that makes the result (the head's rows, or h): count what is not
+                # finite while it is in this core's cache, for the caller to refuse (``LlamaDecodeStep.__call__``)
+                result, r0, r1 = (h, 0, h.size) if kind == NORM_FINAL else (y, n0, min(n0 + rows[s], y.size))
+                not_finite = 0
+                for i in range(r0, r1):
+                    not_finite += not np.isfinite(result[i])
+                if not_finite:
+                    atomic_add(counters, kinds.size * (n_workers + 1) * COUNTER_STRIDE, not_finite)
             atomic_add(counters, done, 1)
         # wait for the step's last task; meanwhile ask for this thread's first rows of the next linear step, so
         # that memory keeps streaming through a serial task, an attention or an uneven end of a step
@@ -382,7 +390,10 @@ class LlamaDecodeStep:
         self._quant = (_quant_buffers(H), _quant_buffers(I))  # the prepared inputs of the int8 linears
         self._empty = np.empty(0, dtype=f32)  # the first block's residual branch: none
         n_steps = 9 * L + 2  # at most: nine per block, the final norm and the head (``_plan``)
-        self._counters = _lines(((numba.config.NUMBA_NUM_THREADS + 1) * n_steps * COUNTER_STRIDE,), np.int64)
+        # per step: each home block's claims, then the step's done count; after the last step, the result's count
+        # of values that are not finite
+        self._counters = _lines((((numba.config.NUMBA_NUM_THREADS + 1) * n_steps + 1) * COUNTER_STRIDE,), np.int64)
+        self._scale = np.float32(1.0 / np.sqrt(self.head_dim))  # as the per-layer path computes the scale
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -425,21 +436,22 @@ class LlamaDecodeStep:
             self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
                                      self.int8_head, bool(logits), n_workers)
         plan = self._plans[key]
-        rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin),
-               np.float32(1.0 / np.sqrt(self.head_dim)))  # as the per-layer path computes the scale
+        rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin), self._scale)
         h, out = self._h, self._logits
         with self._lock:  # one call at a time: the buffers are the step's own
             for lin, layer in self._int8:
                 self._thresholds[lin] = layer.threshold
-            counters = self._counters[:(n_workers + 1) * plan[0].size * COUNTER_STRIDE]  # per step: home
-            counters[:] = 0  # blocks' claims, then its done count
+            n_counted = plan[0].size * (n_workers + 1) * COUNTER_STRIDE  # the steps' counts (``_worker``)
+            counters = self._counters[:n_counted + COUNTER_STRIDE]
+            counters[:] = 0
             _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
                  self._norms, (keys, values, slots), (x, h, *self._work, out, self._empty),
                  *self._quant, rot)
             result = (out if logits else h).copy()
-        if not np.isfinite(result).all():
-            raise ValueError("the decode step produced values that are not finite (a hidden state past float32's "
-                             "range)")
+            not_finite = counters[n_counted]
+        if not_finite:
+            raise ValueError(f"the decode step produced {not_finite} values that are not finite (a hidden state past "
+                             f"float32's range)")
         return result
 
 

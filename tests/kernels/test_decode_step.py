@@ -3,6 +3,8 @@ public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for
 within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
 from __future__ import annotations
 
+import contextlib
+
 import numba
 import numpy as np
 import pytest
@@ -185,6 +187,36 @@ def test_bad_calls_are_refused(rng):
     with pytest.raises(ValueError, match="float16 copy"):
         kept = [tuple(Int8Linear.from_float(w, keep_fp16_weights=True) for w in block) for block in layers]
         decode.LlamaDecodeStep(kept, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_result_with_one_value_that_is_not_finite_is_refused(rng, threads, int8):
+    layers, an, fn, final, head = _model(rng, 2, 2, 1, 4, 8, 300, int8, False, 6.0)
+    kwargs = dict(n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    x, cs = rng.standard_normal(8).astype(np.float32), np.ones(2, np.float32)
+    keys = rng.standard_normal((2, 1, 4, 4)).astype(np.float32)
+    with _threads(threads):
+        h = decode.LlamaDecodeStep(layers, an, fn, final, head, **kwargs)(x.copy(), cs, cs, keys.copy(),
+                                                                          keys.copy(), [1, 1], logits=False)
+        bad_head = head.copy()
+        bad_head[211] = 3e38 * np.sign(h)  # its logit is a sum past float32's range; the other 299 are finite
+        step = decode.LlamaDecodeStep(layers, an, fn, final, bad_head, **kwargs)
+        with pytest.raises(ValueError, match="produced 1 values that are not finite"):
+            step(x.copy(), cs, cs, keys.copy(), keys.copy(), [1, 1])
+        assert np.array_equal(step(x.copy(), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False), h)  # after it
+        with pytest.raises(ValueError, match="not finite"):  # the hidden state itself
+            step(np.full(8, np.inf, np.float32), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False)
+
+
+@contextlib.contextmanager
+def _threads(n):
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 @pytest.mark.parametrize("n, k", [(1, 1), (5, 63), (70, 64), (130, 200)])
