@@ -1,12 +1,14 @@
-"""What the Numba CPU kernels of every algorithm share: bit casts between floats and integers (for building 2^r
-in the exponent bits and for rounding to float16), and ``exp_row``, the branch-free exp over a row of scores that
+"""What the Numba CPU kernels of every algorithm share: the CPU features Numba compiles for, bit casts between
+floats and integers (for building 2^r in the exponent bits and for rounding to float16), the CPU's own rounding to
+float16, and ``exp_row``, the branch-free exp over a row of scores that
 the flash kernel and SnapKV's window scores use (its measured effect is in ``kernels/attn/_numba_cpu.py``, v3 and
 v5)."""
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import config, errors, njit, types
+from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, overload
 
 # Fast-math without 'nnan'/'ninf': reductions may be reassociated (so they vectorize), but NaN and inf keep their
@@ -23,6 +25,32 @@ LN2_HI_F64, LN2_LO_F64 = 6.93147180369123816490e-01, 1.90821492927058770002e-10
 # exp(±708) for float64: below, a term adds nothing next to the exp(0) = 1 of the reference maximum.
 EXP_MIN_F32, EXP_MAX_F32 = -87.0, 88.0
 EXP_MIN_F64, EXP_MAX_F64 = -708.0, 708.0
+
+
+def target_features() -> set[str]:
+    """The x86 features Numba compiles for: ``numba.config.CPU_FEATURES`` when set (NUMBA_CPU_FEATURES; ''
+    with NUMBA_CPU_NAME=generic), else the host's as LLVM reports them. A feature that only a NUMBA_CPU_NAME
+    implies is not seen, which errs towards the portable code."""
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return {f[1:] for f in features.split(",") if f.startswith("+")}
+
+
+@intrinsic
+def round_half(typingctx, value):
+    """A float32 rounded to binary16 and back by the CPU: LLVM's ``fptrunc`` to ``half`` and ``fpext`` (LLVM
+    Language Reference, "'fptrunc .. to' Instruction"), on x86 with F16C ``VCVTPS2PH`` / ``VCVTPH2PS`` (Intel SDM
+    vol. 2C: the rounding MXCSR selects, round to nearest even by default; overflow gives ±inf, NaN stays NaN).
+    Only for a target with F16C: elsewhere LLVM emits a call of a conversion routine that Numba's JIT does not
+    resolve (the process dies: tried with NUMBA_CPU_FEATURES of plain SSE2), so there it does not compile."""
+    if value != types.float32:
+        return None
+    if "f16c" not in target_features():
+        raise errors.TypingError("round_half needs a target with F16C; use the software rounding")
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(value), codegen
 
 
 @intrinsic

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .._common.numba_cpu import as_float, as_int
+from .._common.numba_cpu import as_float, as_int, round_half, target_features
 
 QMAX = 127  # symmetric int8 range (LLM.int8() §3.1)
 # An int32 sum of K products, each at most 127², is exact while K <= floor((2^31 - 1) / 127²).
@@ -132,16 +132,32 @@ FLOAT16_MAX_ROUNDABLE = 65520.0  # binary16's largest finite value is 65504; fro
 FLOAT16_MIN_NORMAL = 2.0**-14  # below it binary16 is subnormal, in steps of 2^-24 (IEEE 754-2008, binary16)
 
 
+F16C = "f16c" in target_features()  # the CPU converts float32 to float16 itself (every x86 CPU with AVX2 does)
+
+
 @njit(inline="always")
 def round_to_float16(v):
     """v (float32) rounded to the nearest binary16 value, ties to even, returned as float32: what
-    ``np.float32(np.float16(v))`` gives, for Numba, which has no float16 scalars on the CPU. A normal binary16
-    keeps 10 of float32's 23 fraction bits: add half of the dropped 13 bits' range (minus one, plus the lowest
-    kept bit, for ties to even) and clear them; a carry moves into the exponent as it should. Subnormal binary16
-    values are multiples of 2^-24: rint(v · 2^24) · 2^-24, exact because the scalings are powers of two."""
+    ``np.float32(np.float16(v))`` gives, for Numba, which has no float16 scalars on the CPU. Where the target has
+    F16C the CPU's conversion (``round_half``); elsewhere ``round_to_float16_in_software``, the same values (tests
+    hold both to NumPy's). The hardware's is ~1.7x faster in the outlier epilogue of the int8 GEMV (7 outliers
+    per row, from the cache: 7.1 against 12.0 ns per row on the 2-vCPU Xeon)."""
+    if F16C:
+        return round_half(v)
+    return round_to_float16_in_software(v)
+
+
+@njit(inline="always")
+def round_to_float16_in_software(v):
+    """``round_to_float16`` in integer arithmetic. A normal binary16 keeps 10 of float32's 23 fraction bits: add
+    half of the dropped 13 bits' range (minus one, plus the lowest kept bit, for ties to even) and clear them; a
+    carry moves into the exponent as it should. Subnormal binary16 values are multiples of 2^-24:
+    rint(v · 2^24) · 2^-24, exact because the scalings are powers of two."""
     a = abs(v)
+    if a != a:
+        return v  # NaN stays NaN (rounded as a number, a NaN whose payload is in the 13 dropped bits became inf)
     if a >= np.float32(FLOAT16_MAX_ROUNDABLE):
-        return v * np.float32(np.inf)  # ±inf (and NaN stays NaN)
+        return v * np.float32(np.inf)  # ±inf
     if a < np.float32(FLOAT16_MIN_NORMAL):
         return np.rint(v * np.float32(2.0**24)) * np.float32(2.0**-24)
     bits = np.int64(as_int(v))  # (Numba widens int32 arithmetic to int64: do it explicitly, narrow at the end)

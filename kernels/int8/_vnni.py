@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import config, njit, prange, types
+from numba import njit, prange, types
 from numba.core import cgutils
-from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, register_model
 
+from .._common.numba_cpu import target_features
 from ._numba_cpu import GEMV_BN, QMAX, _gemv_output, _gemv_prologue, _quantize_row
 
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vnni")  # zmm registers, byte-masked loads, vpdpbusd
@@ -48,14 +48,6 @@ OFFSET = 128  # x + 128 maps int8 [-128, 127] onto uint8 [0, 255]
 MR = 6  # rows of X per micro-tile
 NR = 64  # outputs per micro-tile and per packed panel: 4 zmm registers; MR·NR/16 = 24 of the 32 hold sums
 BM = MR * 16  # rows of X per GEMM task: BM·K bytes of X stay in L2 while a panel's micro-tiles pass
-
-
-def target_features() -> set[str]:
-    """The x86 features Numba compiles for: ``numba.config.CPU_FEATURES`` when set (NUMBA_CPU_FEATURES; ''
-    with NUMBA_CPU_NAME=generic), else the host's as LLVM reports them. A feature that only a NUMBA_CPU_NAME
-    implies is not seen, which errs towards the portable loop."""
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
-    return {f[1:] for f in features.split(",") if f.startswith("+")}
 
 
 AVAILABLE = set(REQUIRED_FEATURES) <= target_features()
