@@ -17,6 +17,8 @@ import numpy as np
 from numba import njit, prange
 
 from kernels._common.numba_cpu import FASTMATH, exp_row
+from kernels.dense import gemv_rows
+from kernels.int8.rows import int8_rows
 from kernels.cpuinfo import cache_sizes, user_cache_dir
 
 from .calibrate import (CACHE_FILE, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled, launch_overhead,
@@ -309,6 +311,48 @@ def dense_gemv_rate(buffer) -> float:
     return w.nbytes / _best(lambda: matmul_nt(x, w), repeats=2, warmup=0)
 
 
+STEP_K = 1024  # input features of the weight the step's row kernels are timed on (SmolLM2's are 576 and 1536)
+
+
+@njit(parallel=True, cache=True)
+def _rows_fp32(x, w, y, threads):
+    per = (w.shape[0] + threads - 1) // threads
+    for t in prange(threads):
+        gemv_rows(x, w, y, t * per, min(w.shape[0], (t + 1) * per))
+
+
+@njit(parallel=True, cache=True)
+def _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads):
+    per = (w.shape[0] + threads - 1) // threads
+    for t in prange(threads):
+        int8_rows(path, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per, min(w.shape[0], (t + 1) * per))
+
+
+def decode_step_rates(buffer, threads: int) -> dict:
+    """Weight bytes/s of the decode step's row kernels from DRAM: ``kernels.dense.gemv_rows`` over a (N, STEP_K)
+    float32 view of a quarter of the mapped ``buffer``, and ``kernels.int8.rows.int8_rows`` (the path
+    ``Int8Linear`` takes, no outlier feature) over the same bytes as int8, each split into one contiguous run of
+    rows per thread in one parallel region; the region's launch is included, as the step pays one too."""
+    from kernels.int8.rows import padded_k, path_marker, prepare
+
+    K = STEP_K
+    quarter = buffer[:buffer.size // 4 // K * K]
+    w32 = quarter.reshape(-1, K)  # (N, K)
+    w8 = quarter.view(np.int8).reshape(-1, K)  # (4N, K): the same bytes as int8 weights (their values do not matter)
+    x = np.ones(K, dtype=np.float32)
+    y32, y8 = np.empty(w32.shape[0], np.float32), np.empty(w8.shape[0], np.float32)
+    flags, cols = np.empty(K, np.bool_), np.empty(K, np.int64)
+    x_o, x_u8, absmax_x = np.empty((1, K), np.float32), np.empty((1, padded_k(K)), np.uint8), np.empty(1, np.float32)
+    prepare(x[None], 0.0, flags, cols, x_o, x_u8, absmax_x)  # threshold 0: no outlier feature
+    absmax_w, row_sums = np.ones(w8.shape[0], np.float32), np.zeros(w8.shape[0], np.int32)
+    path = path_marker()
+    _rows_fp32(x, w32[:8], y32, threads)  # compile and warm
+    _rows_int8(path, x_u8, cols, x_o, absmax_x, w8[:8], absmax_w, row_sums, y8, threads)
+    return {"step_fp32_dram": w32.nbytes / _best(lambda: _rows_fp32(x, w32, y32, threads), repeats=3, warmup=0),
+            "step_int8_dram": w8.nbytes / _best(lambda: _rows_int8(path, x_u8, cols, x_o, absmax_x, w8, absmax_w,
+                                                                   row_sums, y8, threads), repeats=3, warmup=0)}
+
+
 def gemv_rates(buffer, llc_bytes: float) -> dict:
     """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: W a (N, 4096) view of the mapped
     ``buffer`` (DRAM: half the buffer) and of a quarter of the effective LLC (the cache)."""
@@ -359,6 +403,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
     values["decode_stream"] = decode_stream_rate(buffer, d, values["block_bc"], threads)
     values["gemv_dense_dram"] = dense_gemv_rate(buffer)
+    values.update(decode_step_rates(buffer, threads))
     if write_all is None:
         write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)
     if launch_s is None:

