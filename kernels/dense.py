@@ -2,7 +2,8 @@
 
 Many rows (a prefill) go to BLAS on Numba's threads (``kernels._common.blas.batched_matmul``), which reads wᵀ in
 place. A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
-Numba's threads. Either way NumPy's BLAS threads never wake: on 2 cores the two pools spun against each other
+Numba's threads (on the calling thread alone when it is small: ``kernels._common.threads``). Either way NumPy's BLAS
+threads never wake: on 2 cores the two pools spun against each other
 after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
 the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).
 """
@@ -13,6 +14,7 @@ from numba import njit, prange
 
 from ._common.blas import batched_matmul
 from ._common.dtypes import check_float_dtype
+from ._common.threads import serial_if_small
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
 BLOCK_N = 64  # output features per task
@@ -63,7 +65,8 @@ def matmul_nt(x, w):
         x32 = np.ascontiguousarray(x, dtype=np.float32)
         return batched_matmul(x32[None], np.ascontiguousarray(w)[None], transpose_b=True)[0]
     out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
-    _gemv_nt(np.ascontiguousarray(x, dtype=np.float32), w, out)
+    with serial_if_small(multiply_adds=out.size * w.shape[1]):  # M·N·K: a small product on the calling thread
+        _gemv_nt(np.ascontiguousarray(x, dtype=np.float32), w, out)
     return out
 
 

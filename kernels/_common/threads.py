@@ -98,7 +98,8 @@ def pool_info() -> dict:
 # spinning thread: torch's and NumPy's BLAS pools spin after each call) waits for the scheduler to give it a turn,
 # up to a time slice (Linux EEVDF's base slice: 3 ms, ``sched_base_slice_ns``, kernel/sched/fair.c). A call that
 # one core finishes in about a millisecond can save less than that risk, so it runs on the calling thread alone:
-SERIAL_MULTIPLY_ADDS = 2**24  # ~1 ms or less on one x86 core with AVX2 (16 GFLOP/s and up, 2 FLOPs each)
+SERIAL_MULTIPLY_ADDS = 2**24  # ~1 ms or less on one x86 core with AVX2 (16 GFLOP/s and up, 2 FLOPs each); for an
+# int8 GEMV (M·K·N, M = 1) the weight's bytes, 16 MB: ~1 ms at the ~15 GB/s one core streams
 SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms at the ~10 GB/s one core streams
 # Measured, stall benchmark on the 2-vCPU Xeon interleaved with NumPy and torch: flash N=128 causal x8 heads (8.4 M
 # multiply-adds) median 1.0 ms, p90 5.9 ms on two threads; alone 0.40 ms on two threads, 0.52 ms on one.

@@ -244,10 +244,11 @@ def _split_gemv(x, weight: Int8Weight, threshold):
         return _split_matmul_kernels(x, weight, threshold)
     flags = np.empty(x.shape[1], dtype=np.bool_)
     y = np.empty((x.shape[0], weight.w_i8.shape[0]), dtype=np.float32)
-    if USE_VNNI:
-        _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
-    else:
-        _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
+    with serial_if_small(multiply_adds=x.size * y.shape[1]):  # M·K·N: a small product on the calling thread
+        if USE_VNNI:
+            _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
+        else:
+            _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
     return y, np.flatnonzero(flags)
 
 

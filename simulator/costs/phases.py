@@ -305,7 +305,8 @@ def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset, elem_bytes):
     return flops, exps, fmas, tiles, row_blocks
 
 
-SERIAL_MULTIPLY_ADDS = 2**24  # kernels._common.threads: an attention call below this runs on the calling thread
+SERIAL_MULTIPLY_ADDS = 2**24  # kernels._common.threads: an attention call or an int8 GEMV below this runs on the
+# calling thread
 # alone (restated: the cost model does not import the kernels; tests hold the two equal)
 
 
@@ -411,11 +412,14 @@ def dense_gemv_phases(rates: PhaseRates, K, N) -> tuple[Phase, ...]:
 
 
 def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]:
-    """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the all-core read
-    rate of where it lies, plus the fixed cost of a call (outlier scan, quantization, launches) measured on a tiny
-    vector; the ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes."""
+    """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the read rate
+    of where it lies, plus the fixed cost of a call (outlier scan, quantization) measured on a tiny vector; the
+    ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes. Below
+    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread, which streams its share of the all-core
+    rate and holds no region; a larger one runs on the pool and pays one region's launch."""
     _check(K=K, N=N)
     w_bytes = K * N + 4 * N + N * n_outliers
-    read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes)
-    return (Phase("int8_gemv", read_s, "read", rates.threads, flops=2 * K * N, bytes=w_bytes),
-            Phase("call", rates.int8_call_s, "call", 1))
+    threads = 1 if K * N < SERIAL_MULTIPLY_ADDS else rates.threads
+    read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes) * (rates.threads / threads)
+    return (Phase("int8_gemv", read_s, "read", threads, flops=2 * K * N, bytes=w_bytes),
+            Phase("call", rates.int8_call_s + (rates.launch_s if threads > 1 else 0.0), "call", 1))

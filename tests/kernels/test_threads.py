@@ -87,3 +87,30 @@ def test_quantize_vectorwise_runs_small_inputs_on_one_thread(rng, monkeypatch, t
     assert seen == [1, 2]
     ref_i8, ref_absmax = int8.quantize_reference(x, axis=1)
     assert np.array_equal(x_i8, ref_i8) and np.array_equal(absmax, ref_absmax)
+
+
+def test_an_int8_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
+    module = int8_api._vnni if int8_api.USE_VNNI else int8_api._numba_cpu
+    seen = _threads_inside(monkeypatch, module, "split_gemv")
+    small = int8.Int8Linear.from_float(rng.standard_normal((300, 130), dtype=np.float32))  # 39 000 multiply-adds
+    x = rng.standard_normal((1, 130), dtype=np.float32)
+    x[0, 7] = 20.0  # an outlier feature
+    y = small(x)
+    int8.Int8Linear.from_float(rng.standard_normal((4096, 4096), dtype=np.float32))(
+        rng.standard_normal((1, 4096), dtype=np.float32))  # 2^24 multiply-adds
+    assert seen == [1, 2]
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 0)  # the same call on the pool: the same bits
+    assert np.array_equal(small(x), y)
+
+
+def test_a_dense_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
+    from kernels import dense
+
+    seen = _threads_inside(monkeypatch, dense, "_gemv_nt")
+    w = rng.standard_normal((1536, 576), dtype=np.float32)
+    x = rng.standard_normal((1, 576), dtype=np.float32)
+    y = dense.matmul_nt(x, w)  # 884 736 multiply-adds
+    dense.matmul_nt(rng.standard_normal((1, 4096), dtype=np.float32),
+                    rng.standard_normal((4096, 4096), dtype=np.float32))  # 2^24
+    assert seen == [1, 2]
+    assert_close(y, x.astype(np.float64) @ w.astype(np.float64).T, np.float32)

@@ -131,9 +131,15 @@ def test_int8_gemv_pays_a_quarter_of_the_bytes_and_its_call():
     int8 = phases.total_seconds(phases.int8_gemv_phases(RATES, n, n, 4))
     assert int8 > RATES.int8_call_s + n * n / RATES.read_all
     assert fp32 == pytest.approx(4 * n * n / RATES.gemv_fp32_dram)
-    # a weight that fits in the cache streams faster than DRAM allows
+    # a weight that fits in the cache streams faster than DRAM allows; 2^24 multiply-adds run on the pool, one
+    # region's launch on top of the call
+    mid = phases.int8_gemv_phases(RATES, 4096, 4096)
+    assert mid[0].threads == RATES.threads and mid[0].seconds < 4096 * 4096 / RATES.read_all
+    assert mid[1].seconds == pytest.approx(RATES.int8_call_s + RATES.launch_s)
+    # fewer run on the calling thread (kernels._common.threads): its share of the rate, no launch
     small = phases.int8_gemv_phases(RATES, 2048, 2048)
-    assert small[0].seconds < 2048 * 2048 / RATES.read_all
+    assert small[0].threads == 1 and small[1].seconds == RATES.int8_call_s
+    assert small[0].seconds == pytest.approx(mid[0].seconds / 4 * RATES.threads, rel=0.2)  # a quarter the bytes
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True])
