@@ -212,28 +212,38 @@ def _split_matmul(x, weight: Int8Weight, threshold):
 def _split_matmul_kernels(x, weight: Int8Weight, threshold):
     """Detection, quantization, int8 GEMM, dequantization and the outlier product as five Numba kernels."""
     M, K = x.shape
+    N = weight.w_i8.shape[0]
     flags = np.zeros(K, dtype=np.bool_)
-    if threshold > 0:
-        _numba_cpu.outlier_flags(x, np.float32(threshold), flags)
+    # the passes over x and the small products run on the calling thread when small (``_common.threads``): each
+    # region a call launches can meet another pool's spinning thread
+    with serial_if_small(elements=x.size):
+        if threshold > 0:
+            _numba_cpu.outlier_flags(x, np.float32(threshold), flags)
     outliers = np.flatnonzero(flags)
     # int8 part: row-wise absmax of x over the regular columns (outlier columns quantize to 0), column-wise
     # absmax of w, exact int32 product, dequantize
     absmax_x = np.empty(M, dtype=np.float32)
-    y = np.empty((M, weight.w_i8.shape[0]), dtype=np.float32)  # (M, N)
+    y = np.empty((M, N), dtype=np.float32)  # (M, N)
     if USE_VNNI:  # quantized straight into the offset operand; dequantized in the GEMM's epilogue
         x_u8 = np.empty((M, (K + 3) // 4 * 4), dtype=np.uint8)  # (M, K rounded up to 4)
-        _vnni.quantize_rows(x, flags, x_u8, absmax_x)
-        _vnni.gemm_i8(x_u8, weight.w_i8, weight.w_row_sums, y, absmax_x, weight.absmax)
+        with serial_if_small(elements=x.size):
+            _vnni.quantize_rows(x, flags, x_u8, absmax_x)
+        with serial_if_small(multiply_adds=M * K * N):
+            _vnni.gemm_i8(x_u8, weight.w_i8, weight.w_row_sums, y, absmax_x, weight.absmax)
     else:
         x_i8 = np.empty((M, K), dtype=np.int8)
-        _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
-        c = _int32_product(x_i8, weight.w_i8, weight.w_row_sums)  # (M, N) int32, exact
-        _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
+        with serial_if_small(elements=x.size):
+            _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
+        with serial_if_small(multiply_adds=M * K * N):
+            c = _int32_product(x_i8, weight.w_i8, weight.w_row_sums)  # (M, N) int32, exact
+        with serial_if_small(elements=c.size):
+            _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
     # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32
     if outliers.size:
         x_out = x[:, outliers].astype(np.float16).astype(np.float32)  # (M, J)
         w_out = weight.outlier_weights_fp16(outliers).astype(np.float32)  # (J, N)
-        _numba_cpu.add_outlier_product(x_out, w_out, y)
+        with serial_if_small(multiply_adds=M * outliers.size * N):
+            _numba_cpu.add_outlier_product(x_out, w_out, y)
     return y, outliers
 
 
