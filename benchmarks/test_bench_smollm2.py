@@ -36,8 +36,9 @@ def _weights_read_bytes_per_s(model, passes=5):
     arrays, one after the other as a token reads them; the median of ``passes`` passes over all of them: the rate
     the step would stream at if its products and steps cost nothing."""
     step = model._one_region_step()
-    arrays = [(a[0] if isinstance(a, tuple) else a).reshape(-1).view(np.float32)  # int8: the weights, not scales
-              for a in step.stacks.values()]
+    head = step.stacks["head"]
+    arrays = [a.reshape(-1).view(np.float32)  # int8: the weights, not the scales
+              for a in (step.block_weights, head[0] if isinstance(head, tuple) else head)]
 
     def one_pass():
         start = time.perf_counter()

@@ -348,3 +348,15 @@ def test_a_wait_that_streams_ahead_returns_once_the_count_is_reached(dtype, pair
     _step._wait_streaming(counters, COUNTER_STRIDE, 3, w, 0, 32 if pair else 64, pair)  # up to the array's end
     _step._wait_streaming(counters, COUNTER_STRIDE, 3, w, 5, 5, pair)  # nothing to ask for
     assert counters[COUNTER_STRIDE] == 3 and np.all(w == 1)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng, int8):
+    layers, an, fn, final, head = _model(rng, 3, 4, 2, 8, 40, 77, int8, False, 6.0)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    weights = [w.weight.w_i8 if int8 else w for block in layers for w in block]  # block 0's four, block 1's, ...
+    assert np.array_equal(step.block_weights, np.concatenate([w.reshape(-1) for w in weights]))
+    for j, name in enumerate(decode.LlamaDecodeStep.NAMES):
+        view = step.stacks[name][0] if int8 else step.stacks[name]
+        assert np.shares_memory(view, step.block_weights)
+        assert all(np.array_equal(view[i], (layers[i][j].weight.w_i8 if int8 else layers[i][j])) for i in range(3))
