@@ -60,7 +60,11 @@ def test_int8_linear_keeps_the_next_token(model, gguf_path):
     int8 = SmolLM2(gguf_path, linear="int8")
     fp32_logits = model.forward(ids, model.new_cache(), 0)[-1]
     int8_logits = int8.forward(ids, int8.new_cache(), 0)[-1]
-    assert int(np.argmax(int8_logits)) == int(np.argmax(fp32_logits))
+    # each model's next token is among the other's three likeliest: fp32's two best logits here are 0.3% apart
+    # (25.33 and 25.24), closer than int8's error, and which of the two int8 picks follows ulp-level differences of
+    # the float kernels (with NUMBA_CPU_FEATURES of x86-64-v2, no AVX, it picked the second)
+    assert int(np.argmax(int8_logits)) in np.argsort(-fp32_logits)[:3]
+    assert int(np.argmax(fp32_logits)) in np.argsort(-int8_logits)[:3]
     assert np.corrcoef(fp32_logits, int8_logits)[0, 1] > 0.99
 
 
