@@ -333,11 +333,11 @@ class LlamaDecodeStep:
     (``block_weights``); ``stacks`` holds an (L, out, in) view of it per kind of linear (float32, or int8 weights
     with their absmax and row sums, stacked), and the head. The region takes each block's weight as a view of the
     array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one). A
-    caller may point its own layers at those views to keep one copy. Calling the step (``__call__``) advances the residual stream x in
-    place, writes each block's key and value at its slot and returns the logits (or the final-normed hidden
-    state). One call runs at a time (a lock: the region's buffers are the object's own). The outputs are the
-    per-layer path's (``kernels.decode.add_rms_norm``, ``rope_attend``, ``swiglu``
-    between the linear layers), the int8 ones bit for bit. Sources: RMSNorm (Zhang & Sennrich 2019), RoFormer
+    caller may point its own layers at those views to keep one copy. Calling the step (``__call__``) advances the
+    residual stream x in place, writes each block's key and value at its slot and returns the logits (or the
+    final-normed hidden state). One call runs at a time (a lock: the region's buffers are the object's own). The
+    outputs are the per-layer path's (``kernels.decode.add_rms_norm``, ``rope_attend``, ``swiglu`` between the
+    linear layers), the int8 ones bit for bit. Sources: RMSNorm (Zhang & Sennrich 2019), RoFormer
     (Su et al. 2021), GQA (Ainslie et al. 2023), SwiGLU (Shazeer 2020), LLM.int8() (Dettmers et al. 2022).
     """
 
@@ -511,8 +511,8 @@ def _arena(stacks):
     the order a token reads them (block 0's wqkv, wo, w_gate_up, w_down, then block 1's, ...), so that each thread
     streams ascending memory through the token. Returns the arena, the element offset of each (block, linear)
     (L, 4), and the per-kind (L, out, in) views of it. A plain read of SmolLM2's int8 weights in one region, in the
-    step's order and split as the step splits them (2-vCPU Xeon): 27.4 GB/s from the four stacks, 28.0-29.0 from the
-    arena."""
+    step's order, each linear's weight split in two halves, one per thread (2-vCPU Xeon): 27.4 GB/s from the four
+    stacks, 28.0-29.0 from the arena."""
     L = stacks[0].shape[0]
     sizes = [s.shape[1] * s.shape[2] for s in stacks]
     block = sum(sizes)
