@@ -299,18 +299,6 @@ def decode_stream_rate(buffer, d: int, bc: int, threads: int) -> float:
         return (k.nbytes + v.nbytes) / _best(lambda: skinny_products(q, k, v, s, pv, bc), repeats=2, warmup=0)
 
 
-def dense_gemv_rate(buffer) -> float:
-    """Weight bytes/s of this library's float32 GEMV (``kernels.dense.matmul_nt``, Numba's threads: the linear
-    layers of a float32 model) over a (N, 4096) view of a quarter of the mapped ``buffer``, from DRAM."""
-    from kernels.dense import matmul_nt
-
-    K = 4096
-    w = buffer[:buffer.size // 4 // K * K].reshape(-1, K)  # (N, K)
-    x = np.ones((1, K), dtype=np.float32)
-    matmul_nt(x, w[:8])  # compile and warm
-    return w.nbytes / _best(lambda: matmul_nt(x, w), repeats=2, warmup=0)
-
-
 STEP_K = 1024  # input features of the weight the step's row kernels are timed on (SmolLM2's are 576 and 1536)
 
 
@@ -402,7 +390,6 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values.update(_flash_block_rates(d, threads))
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
     values["decode_stream"] = decode_stream_rate(buffer, d, values["block_bc"], threads)
-    values["gemv_dense_dram"] = dense_gemv_rate(buffer)
     values.update(decode_step_rates(buffer, threads))
     if write_all is None:
         write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)

@@ -49,7 +49,7 @@ _FIELDS = (
     ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
     ("row_step_s", 1e-9, "ns"),
     ("read_all_llc", 1e9, "GB/s"), ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
-    ("gemv_fp32_dram", 1e9, "GB/s"), ("gemv_dense_dram", 1e9, "GB/s"),
+    ("gemv_fp32_dram", 1e9, "GB/s"),
     ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
     ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
@@ -81,7 +81,6 @@ class PhaseRates:
     ``decode_stream``: the K/V bytes/s that a decode step's block products (a few query rows against Bc keys, the
     flash kernel with Br = 1) stream from DRAM on all threads;
     ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM;
-    ``gemv_dense_dram``: this library's float32 GEMV (``kernels.dense.matmul_nt``) from DRAM;
     ``step_fp32_dram`` and ``step_int8_dram``: the weight bytes/s at which the row kernels of the one-region
     decode step (``kernels.dense.gemv_rows``, ``kernels.int8.rows.int8_rows``) stream a weight from DRAM, its
     rows split evenly over all threads in one parallel region.
@@ -113,7 +112,6 @@ class PhaseRates:
     decode_stream: float
     gemv_fp32_llc: float
     gemv_fp32_dram: float
-    gemv_dense_dram: float
     step_fp32_dram: float
     step_int8_dram: float
     launch_s: float

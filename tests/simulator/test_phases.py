@@ -24,7 +24,7 @@ RATES = PhaseRates(
     fresh_dram=8e9, masked_llc=30e9, masked_dram=20e9, exp_llc=2e9, exp_dram=1e9, read_all=25e9, write_all=40e9,
     first_touch_all=20e9, gemm_qk=250e9, gemm_pv=250e9, gemm_block=120e9, exp_block=3e9, fma_block=10e9,
     task_fault=100e9, row_step_s=200e-9, read_all_llc=40e9, decode_stream=8e9, gemv_fp32_llc=30e9,
-    gemv_fp32_dram=20e9, gemv_dense_dram=15e9, step_fp32_dram=18e9, step_int8_dram=22e9,
+    gemv_fp32_dram=20e9, step_fp32_dram=18e9, step_int8_dram=22e9,
     launch_s=50e-6, attention_call_s=100e-6, int8_call_s=20e-6, gemm_d=64, block_br=512, block_bc=512,
     llc_curve_bytes=(4 * 2**20, 32 * 2**20, 128 * 2**20), llc_curve_fraction=(1.0, 0.5, 0.0))
 ROOT = Path(__file__).resolve().parents[2]
