@@ -10,6 +10,7 @@ The micro-kernels below run the kernels' own pieces: ``exp_row`` and the fast-ma
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -299,6 +300,19 @@ def decode_stream_rate(buffer, d: int, bc: int, threads: int) -> float:
         return (k.nbytes + v.nbytes) / _best(lambda: skinny_products(q, k, v, s, pv, bc), repeats=2, warmup=0)
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Numba's parallel loops on the calling thread alone for the block (the count restored after it)."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
 STEP_K = 1024  # input features of the weight the step's row kernels are timed on (SmolLM2's are 576 and 1536)
 
 
@@ -400,6 +414,9 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["int8_call_s"] = int8_call_seconds()
     llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
     values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
+    with one_thread():  # one core's read, as a call that runs on the calling thread streams (_common.threads)
+        values["read_one_llc"] = read_bandwidth_of(llc_part, repeats=20)
+        values["read_one_dram"] = read_bandwidth_of(buffer[:buffer.size // 4], repeats=3)
     values["row_step_s"] = 0.0
     values["row_step_s"] = flash_row_step_seconds(PhaseRates(**values), d)
     values["calibration_s"] = time.perf_counter() - start

@@ -48,7 +48,8 @@ _FIELDS = (
     ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
     ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
     ("row_step_s", 1e-9, "ns"),
-    ("read_all_llc", 1e9, "GB/s"), ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
+    ("read_all_llc", 1e9, "GB/s"), ("read_one_llc", 1e9, "GB/s"), ("read_one_dram", 1e9, "GB/s"),
+    ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
     ("gemv_fp32_dram", 1e9, "GB/s"),
     ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
@@ -78,6 +79,7 @@ class PhaseRates:
     row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
     ``Int8Linear`` call on a tiny vector. ``read_all_llc``: the all-core read rate from the last-level cache;
+    ``read_one_llc`` and ``read_one_dram``: one core's read rate from the last-level cache and from DRAM;
     ``decode_stream``: the K/V bytes/s that a decode step's block products (a few query rows against Bc keys, the
     flash kernel with Br = 1) stream from DRAM on all threads;
     ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM;
@@ -109,6 +111,8 @@ class PhaseRates:
     task_fault: float
     row_step_s: float
     read_all_llc: float
+    read_one_llc: float
+    read_one_dram: float
     decode_stream: float
     gemv_fp32_llc: float
     gemv_fp32_dram: float
@@ -413,11 +417,14 @@ def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]
     """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the read rate
     of where it lies, plus the fixed cost of a call (outlier scan, quantization) measured on a tiny vector; the
     ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes. Below
-    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread, which streams its share of the all-core
-    rate and holds no region; a larger one runs on the pool and pays one region's launch."""
+    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread, at one core's read rate, and holds no
+    region; a larger one runs on the pool and pays one region's launch."""
     _check(K=K, N=N)
     w_bytes = K * N + 4 * N + N * n_outliers
     threads = 1 if K * N < SERIAL_MULTIPLY_ADDS else rates.threads
-    read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes) * (rates.threads / threads)
+    if threads == 1:
+        read_s = w_bytes / _by_level(rates, rates.read_one_llc, rates.read_one_dram, w_bytes)
+    else:
+        read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes)
     return (Phase("int8_gemv", read_s, "read", threads, flops=2 * K * N, bytes=w_bytes),
             Phase("call", rates.int8_call_s + (rates.launch_s if threads > 1 else 0.0), "call", 1))

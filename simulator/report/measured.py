@@ -42,6 +42,8 @@ def fresh_rates(ctx: RunContext):
 
 # the per-phase rates the machine table shows: (field, label, factor, unit)
 RATE_ROWS = (("llc_bytes", "effective_llc_mib", 2**20, ""), ("read_all", "read_all_cores_gb_per_s", 1e9, ""),
+             ("read_one_dram", "read_1core_dram_gb_per_s", 1e9, ""),
+             ("read_one_llc", "read_1core_llc_gb_per_s", 1e9, ""),
              ("reduce_dram", "numpy_row_reduce_1core_dram_gb_per_s", 1e9, ""),
              ("update_dram", "numpy_inplace_update_1core_dram_gb_per_s", 1e9, ""),
              ("fresh_dram", "numpy_into_new_array_1core_dram_gb_per_s", 1e9, ""),
