@@ -18,9 +18,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels._common.numba_cpu import FASTMATH, exp_row
-from kernels.dense import gemv_rows
-from kernels.int8.rows import int8_rows
 from kernels.cpuinfo import cache_sizes, user_cache_dir
+from kernels.dense import gemv_rows
+from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
 
 from .calibrate import (CACHE_FILE, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled, launch_overhead,
                         machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
@@ -335,8 +335,6 @@ def decode_step_rates(buffer, threads: int) -> dict:
     float32 view of a quarter of the mapped ``buffer``, and ``kernels.int8.rows.int8_rows`` (the path
     ``Int8Linear`` takes, no outlier feature) over the same bytes as int8, each split into one contiguous run of
     rows per thread in one parallel region; the region's launch is included, as the step pays one too."""
-    from kernels.int8.rows import padded_k, path_marker, prepare
-
     K = STEP_K
     quarter = buffer[:buffer.size // 4 // K * K]
     w32 = quarter.reshape(-1, K)  # (N, K)

@@ -1,7 +1,10 @@
 """Helpers the test files share (imported as ``tests.helpers``; ``pythonpath = .`` in setup.cfg makes ``pytest``
 and ``python -m pytest`` alike find it): the comparison with an oracle under ``kernels.tolerances``, attention done
-plainly in low precision, and the inputs and bad calls that several tiers' tests reuse."""
+plainly in low precision, the inputs and bad calls that several tiers' tests reuse, and a block on a set number
+of Numba threads."""
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -132,3 +135,16 @@ BAD_INT8_CALLS = [
     ("threshold-nan", ValueError, "threshold must be >= 0", lambda x, w: ((x, w), {"threshold": float("nan")})),
     ("threshold-str", TypeError, "threshold must be a real number", lambda x, w: ((x, w), {"threshold": "6"})),
 ]
+
+
+@contextlib.contextmanager
+def numba_threads(n):
+    """Numba's parallel loops on ``n`` threads (at most the pool's) inside the block, the count restored after."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)

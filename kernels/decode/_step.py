@@ -152,6 +152,15 @@ def _wait_streaming(counters, done, n_tasks, w, first, last, pair):
     wait_until(counters, done, n_tasks)
 
 
+@njit(inline="always")
+def _wait_ahead(counters, done, n_tasks, w, first_task, last_task, rows_per_task, pair):
+    """``_wait_streaming`` over the first rows of the home block (tasks first_task .. last_task − 1) of the next
+    step, whose weight is w (N, K)."""
+    first, last = _ahead_rows(first_task, last_task, rows_per_task, w.shape[0] // (2 if pair else 1),
+                              w.shape[1] * w.itemsize, pair)
+    _wait_streaming(counters, done, n_tasks, w, first, last, pair)
+
+
 @njit(cache=True)
 def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h,
             quant_i, rot):
@@ -239,16 +248,12 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
         j_next, lin_next = _linear_of(kinds[nxt], layers[nxt])
         first_task, last_task = home_block(worker, n_workers, tasks[nxt])
         pair = kinds[nxt] == GATE_UP  # a task's gate rows and the up rows of the same features
-        if lin_kind[lin_next] == 1:
-            w8_next = head8 if j_next == HEAD_LIN else _block(arena8, starts, shapes, j_next, layers[nxt])
-            first, last = _ahead_rows(first_task, last_task, rows[nxt], w8_next.shape[0] // (2 if pair else 1),
-                                      w8_next.shape[1], pair)
-            _wait_streaming(counters, done, n_tasks, w8_next, first, last, pair)
+        if lin_kind[lin_next] == 1:  # (two calls: the int8 and the float32 weight are two types)
+            _wait_ahead(counters, done, n_tasks, head8 if j_next == HEAD_LIN else
+                        _block(arena8, starts, shapes, j_next, layers[nxt]), first_task, last_task, rows[nxt], pair)
         else:
-            w32_next = head32 if j_next == HEAD_LIN else _block(arena32, starts, shapes, j_next, layers[nxt])
-            first, last = _ahead_rows(first_task, last_task, rows[nxt], w32_next.shape[0] // (2 if pair else 1),
-                                      4 * w32_next.shape[1], pair)
-            _wait_streaming(counters, done, n_tasks, w32_next, first, last, pair)
+            _wait_ahead(counters, done, n_tasks, head32 if j_next == HEAD_LIN else
+                        _block(arena32, starts, shapes, j_next, layers[nxt]), first_task, last_task, rows[nxt], pair)
 
 
 @njit(parallel=True, cache=True)
@@ -368,15 +373,18 @@ class LlamaDecodeStep:
         self.int8_layers = int8_blocks == {True}
         self.int8_head = isinstance(head, Int8Linear)
         self.vocab = _shape(head)[0]
-        self.stacks = {}
         for j, (name, shape) in enumerate(zip(self.NAMES, expected)):
-            self.stacks[name] = _stack([f"layers[{i}].{name}" for i in range(L)], [b[j] for b in layers], shape)
-        # the blocks' weights in one arena, in the order a token reads them; the stacks become (L, out, in) views
-        blocks_w = [self.stacks[name][0] if self.int8_layers else self.stacks[name] for name in self.NAMES]
-        self.block_weights, starts, views = _arena(blocks_w)
-        for name, view in zip(self.NAMES, views):
-            self.stacks[name] = (view, *self.stacks[name][1:]) if self.int8_layers else view
-        _stack(["head"], [head], (self.vocab, H), copy=False)  # checked; used in place (a tied head is the embedding)
+            _check_weights([f"layers[{i}].{name}" for i in range(L)], [b[j] for b in layers], shape)
+        _check_weights(["head"], [head], (self.vocab, H))  # used in place (a tied head is the embedding)
+        # the blocks' weights in one arena, in the order a token reads them; per kind an (L, out, in) view of it,
+        # int8 with the stacked absmax and row sums
+        self.block_weights, starts, views = _arena(
+            [[b[j].weight.w_i8 if self.int8_layers else b[j] for b in layers] for j in range(len(self.NAMES))])
+        self.stacks = {}
+        for j, (name, view) in enumerate(zip(self.NAMES, views)):
+            self.stacks[name] = ((view, np.stack([b[j].weight.absmax for b in layers]).astype(np.float32),
+                                  np.stack([b[j].weight.w_row_sums for b in layers]).astype(np.int32))
+                                 if self.int8_layers else view)
         self.stacks["head"] = ((np.ascontiguousarray(head.weight.w_i8), np.ascontiguousarray(head.weight.absmax),
                                 np.ascontiguousarray(head.weight.w_row_sums)) if self.int8_head
                                else np.ascontiguousarray(head))
@@ -481,9 +489,9 @@ def _shape(w):
     return w.weight.shape if isinstance(w, Int8Linear) else np.shape(w)
 
 
-def _stack(names, weights, shape, copy=True):
-    """The weights of one kind of linear as one array (n, out, in): float32, or for Int8Linear layers the int8
-    weights with their absmax (n, out) and row sums (n, out). With ``copy=False`` only the checks."""
+def _check_weights(names, weights, shape):
+    """Each of ``weights`` a float32 (out, in) = ``shape`` array, or an ``Int8Linear`` of that shape with int8
+    weights only, no bias, and a K whose int32 sums are exact."""
     for name, w in zip(names, weights):
         if isinstance(w, Int8Linear):
             if w.weight.w_fp16 is not None or w.bias is not None:
@@ -497,35 +505,29 @@ def _stack(names, weights, shape, copy=True):
                             f"{getattr(w, 'dtype', type(w).__name__)}")
         if tuple(_shape(w)) != shape:
             raise ValueError(f"{name} must be (out, in) = {shape}; got {tuple(_shape(w))}")
-    if not copy:
-        return None
-    if isinstance(weights[0], Int8Linear):
-        return (np.stack([w.weight.w_i8 for w in weights]),
-                np.stack([w.weight.absmax for w in weights]).astype(np.float32),
-                np.stack([w.weight.w_row_sums for w in weights]).astype(np.int32))
-    return np.stack(weights)
 
 
-def _arena(stacks):
-    """The blocks' weights, ``stacks`` (L, out, in) per kind of linear, copied into one 1-D array layer by layer in
-    the order a token reads them (block 0's wqkv, wo, w_gate_up, w_down, then block 1's, ...), so that each thread
-    streams ascending memory through the token. Returns the arena, the element offset of each (block, linear)
-    (L, 4), and the per-kind (L, out, in) views of it. A plain read of SmolLM2's int8 weights in one region, in the
-    step's order, each linear's weight split in two halves, one per thread (2-vCPU Xeon): 27.4 GB/s from the four
-    stacks, 28.0-29.0 from the arena."""
-    L = stacks[0].shape[0]
-    sizes = [s.shape[1] * s.shape[2] for s in stacks]
+def _arena(per_kind):
+    """The blocks' weights, ``per_kind[j][i]`` the (out, in) weight of linear j of block i, copied into one 1-D array
+    block by block in the order a token reads them (block 0's wqkv, wo, w_gate_up, w_down, then block 1's, ...), so
+    that each thread streams ascending memory through the token. Returns the arena, the element offset of each
+    (block, linear) (L, 4), and the per-kind (L, out, in) views of it. A plain read of SmolLM2's int8 weights in
+    one region, in the step's order, each linear's weight split in two halves, one per thread (2-vCPU Xeon): 27.4
+    GB/s from four stacks, one per kind, 28.0-29.0 from the arena."""
+    L = len(per_kind[0])
+    shapes = [weights[0].shape for weights in per_kind]  # (out, in) per kind
+    sizes = [o * k for o, k in shapes]
     block = sum(sizes)
     offsets = np.cumsum([0] + sizes[:-1])  # of each linear inside a block
-    arena = np.empty(L * block, dtype=stacks[0].dtype)
-    starts = np.empty((L, len(stacks)), dtype=np.int64)
+    arena = np.empty(L * block, dtype=per_kind[0][0].dtype)
+    starts = np.empty((L, len(per_kind)), dtype=np.int64)
     for i in range(L):
-        for j, w in enumerate(stacks):
+        for j, weights in enumerate(per_kind):
             starts[i, j] = i * block + offsets[j]
-            arena[starts[i, j]:starts[i, j] + sizes[j]] = w[i].reshape(-1)
+            arena[starts[i, j]:starts[i, j] + sizes[j]] = weights[i].reshape(-1)
     item = arena.itemsize
-    views = [np.ndarray((L, *w.shape[1:]), dtype=arena.dtype, buffer=arena, offset=int(offsets[j]) * item,
-                        strides=(block * item, w.shape[2] * item, item)) for j, w in enumerate(stacks)]
+    views = [np.ndarray((L, o, k), dtype=arena.dtype, buffer=arena, offset=int(offsets[j]) * item,
+                        strides=(block * item, k * item, item)) for j, (o, k) in enumerate(shapes)]
     return arena, starts, views
 
 

