@@ -76,44 +76,6 @@ def skinny_products(q, k, v, s, pv, bc):
             np.dot(s[t], v[t, c0:c0 + bc], pv[t])
 
 
-@njit(inline="always")
-def _touch(buffers_s, buffers_p, q_i, pv):
-    for i in range(buffers_s.size):
-        buffers_s[i] = 1.0
-        buffers_p[i] = 1.0
-    for r in range(q_i.shape[0]):
-        for c in range(q_i.shape[1]):
-            q_i[r, c] = 1.0
-            pv[r, c] = 1.0
-
-
-@njit(parallel=True, cache=True)
-def task_buffers(n_tasks, rows, bc, d, fresh, threads):
-    """``n_tasks`` tasks over all threads, each writing the flash kernel's per-task tiles once (S and P of
-    rows × bc, Q_i, O_i and PV of rows × d): allocated by every task, as the kernel does (``fresh``), or once per
-    thread and reused (the writes alone)."""
-    per = (n_tasks + threads - 1) // threads
-    total = 0.0
-    for t in prange(threads):
-        s_keep = np.empty(rows * bc, dtype=np.float32)
-        p_keep = np.empty(rows * bc, dtype=np.float32)
-        q_keep = np.empty((rows, d), dtype=np.float32)
-        pv_keep = np.empty((rows, d), dtype=np.float32)
-        for task in range(t * per, min(n_tasks, (t + 1) * per)):
-            if fresh:
-                s_buf = np.empty(rows * bc, dtype=np.float32)
-                p_buf = np.empty(rows * bc, dtype=np.float32)
-                q_i = np.empty((rows, d), dtype=np.float32)
-                o_acc = np.zeros((rows, d), dtype=np.float32)
-                pv = np.empty((rows, d), dtype=np.float32)
-                _touch(s_buf, p_buf, q_i, pv)
-                total += s_buf[task % s_buf.size] + o_acc[0, 0]
-            else:
-                _touch(s_keep, p_keep, q_keep, pv_keep)
-                total += s_keep[task % s_keep.size]
-    return total
-
-
 PHASE_CACHE_FILE = "cpu-phase-rates.toml"
 PHASE_TARGET_S = 0.01  # seconds one repeat of a micro-benchmark in the caches aims at: far above a wake-up
 SCORE_RANGE = (-9.0, 0.0)  # scale·(S − max) of attention scores: ≤ 0, a few units wide (a standard normal's max)
@@ -164,9 +126,12 @@ def _numpy_pass_rates(x, y, level: str) -> dict:
     def best(fn):
         return _best(fn, repeats=repeats, warmup=warmup)
 
+    ones = np.ones((rows.shape[0], 1), dtype=np.float32)  # (rows, 1), as the row max and the row sum
     rates = {
         f"reduce_{level}": x.nbytes / best(lambda: rows.max(axis=-1, keepdims=True)),
         f"update_{level}": 2 * y.nbytes / best(lambda: np.multiply(y, np.float32(1.0), out=y)),
+        f"into_{level}": 2 * y.nbytes / best(lambda: np.subtract(rows, ones, out=y_rows)),
+        f"divide_{level}": 2 * y.nbytes / best(lambda: np.divide(y_rows, ones, out=y_rows)),
     }
     mask = np.tri(1024, dtype=bool)  # (1024, 1024) broadcast over the leading axis, as the causal mask over heads
     y3 = y.reshape(-1, 1024, 1024)
@@ -216,16 +181,8 @@ def _flash_block_rates(d: int, threads: int) -> dict:
         rescale_rows(o_acc, pv, alpha, 1)
         rescale = _best(lambda: rescale_rows(o_acc, pv, alpha, iterations)) / iterations
     products = max(step - exp - rescale, 0.5 * step)  # (a floor, should noise make the parts exceed the step)
-    # the tiles every task allocates: their page faults, less the same writes into tiles already mapped
-    n_tasks = 8 * threads
-    task_bytes = 4 * (2 * br * bc + 3 * br * d)
-    task_buffers(n_tasks, br, bc, d, True, threads)
-    task_buffers(n_tasks, br, bc, d, False, threads)
-    fresh = _best(lambda: task_buffers(n_tasks, br, bc, d, True, threads), repeats=5)
-    mapped = _best(lambda: task_buffers(n_tasks, br, bc, d, False, threads), repeats=5)
-    faults = n_tasks / threads * task_bytes / max(fresh - mapped, 1e-9)
     return {"gemm_block": 4 * br * bc * d / products, "exp_block": br * bc / exp, "fma_block": br * d / rescale,
-            "task_fault": faults, "block_br": br, "block_bc": bc}
+            "block_br": br, "block_bc": bc}
 
 
 def _standard_gemm_rates(d: int, threads: int) -> dict:

@@ -82,12 +82,17 @@ def _batched_nn(a, b, out, n_blocks):
             np.dot(a[g, r0:r1], b[g], out[g, r0:r1])
 
 
-def batched_matmul(a, b, *, transpose_b=False):
+def batched_matmul(a, b, *, transpose_b=False, out=None):
     """a[g] · b[g] (or · b[g]ᵀ) for C-contiguous float32/float64 a (G, M, K) and b (G, K, N) (or (G, N, K)), on
-    Numba's threads with one BLAS thread each; returns (G, M, N) in a's dtype."""
+    Numba's threads with one BLAS thread each; returns (G, M, N) in a's dtype, written into ``out`` (a C-contiguous
+    array of that shape and dtype) when given."""
     G, M = a.shape[0], a.shape[1]
     N = b.shape[1] if transpose_b else b.shape[2]
-    out = np.empty((G, M, N), dtype=a.dtype)  # (G, M, N)
+    if out is None:
+        out = np.empty((G, M, N), dtype=a.dtype)  # (G, M, N)
+    elif out.shape != (G, M, N) or out.dtype != a.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous {a.dtype} array of shape {(G, M, N)}; got {out.dtype} "
+                         f"{out.shape}")
     if out.size == 0:
         return out
     if a.shape[2] == 0:

@@ -66,19 +66,25 @@ def _row_max(s, n, m):
     return m
 
 
+def task_elements(rows, Bc, d):
+    """Elements of one task's tiles in ``flash_forward``: Q_i, O_i and P·V (rows × d), S and P (rows × Bc), and
+    m_i, l_i, alpha (rows)."""
+    return 3 * rows * d + 2 * rows * Bc + 3 * rows
+
+
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
-def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits):
+def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, work):
     """FlashAttention-2 forward over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v.
 
     Writes o (B, Hq, Nq, d) and lse (B, Hq, Nq). With n_splits > 1 each task covers one share of the keys and
-    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them.
+    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them. ``work``: each thread's
+    tiles, (threads, ``task_elements(rows, Bc, d)``) in q's dtype, rows = (Hq / Hkv) · Br.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv  # query heads per kv head (GQA); they share every K/V tile loaded below
     Tr = (Nq + Br - 1) // Br
     offset = Nk - Nq  # bottom-right causal alignment: query i sees keys j <= i + offset
-    dt = q.dtype
     for task in prange(B * Hkv * Tr * n_splits):
         split = task % n_splits
         ib = (task // n_splits) % Tr
@@ -100,16 +106,23 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
         # K/V tile is read once for all of them and the block matmuls are group times taller (row r is query
         # r0 + r % br of head hk·group + r // br)
         rows = group * br
-        q_i = np.empty((rows, d), dtype=dt)  # Q_i, (rows, d)
+        # this thread's tiles, reused by each task it runs (``_flash`` in ``_api.py`` says why not one set per task)
+        w = work[numba.get_thread_id()]
+        q_i = w[:rows * d].reshape((rows, d))  # Q_i, (rows, d)
         for g in range(group):
             q_i[g * br:(g + 1) * br] = q[b, hk * group + g, r0:r0 + br]
-        o_acc = np.zeros((rows, d), dtype=dt)  # unnormalized output O_i
-        m_i = np.full(rows, -np.inf, dtype=dt)  # running reference maximum of S (unscaled); -inf: none yet
-        l_i = np.zeros(rows, dtype=dt)  # running sum of exp(scale·(S − m_i))
-        s_buf = np.empty(rows * Bc, dtype=dt)
-        p_buf = np.empty(rows * Bc, dtype=dt)
-        pv = np.empty((rows, d), dtype=dt)
-        alpha = np.empty(rows, dtype=dt)
+        o_acc = w[rows * d:2 * rows * d].reshape((rows, d))  # unnormalized output O_i
+        o_acc[:] = 0.0
+        pv = w[2 * rows * d:3 * rows * d].reshape((rows, d))
+        at = 3 * rows * d
+        s_buf = w[at:at + rows * Bc]
+        p_buf = w[at + rows * Bc:at + 2 * rows * Bc]
+        at += 2 * rows * Bc
+        m_i = w[at:at + rows]  # running reference maximum of S (unscaled); -inf: none yet
+        m_i[:] = -np.inf
+        l_i = w[at + rows:at + 2 * rows]  # running sum of exp(scale·(S − m_i))
+        l_i[:] = 0.0
+        alpha = w[at + 2 * rows:at + 3 * rows]
         for c0 in range(k0, k1, Bc):
             bc = min(Bc, k1 - c0)
             k_j = k[b, hk, c0:c0 + bc]  # (bc, d)

@@ -31,10 +31,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-# glibc's malloc serves a request above its mmap threshold with fresh pages from mmap and returns them on free; the
-# threshold adapts upwards but never beyond DEFAULT_MMAP_THRESHOLD_MAX, 4·1024·1024·sizeof(long) = 32 MiB on 64-bit
-# (glibc malloc/malloc.c, "M_MMAP_THRESHOLD"). An array above it is page-faulted in by whatever first writes it, on
-# every call; smaller ones come back from the heap already mapped.
+# glibc's malloc serves a request above its mmap threshold with fresh pages from mmap and returns them on free;
+# the threshold adapts upwards, to the size of an mmapped block when it is freed, but never beyond
+# DEFAULT_MMAP_THRESHOLD_MAX, 4·1024·1024·sizeof(long) = 32 MiB on 64-bit (glibc malloc/malloc.c,
+# "M_MMAP_THRESHOLD").
+# So an allocation at or above 32 MiB is page-faulted in by whatever first writes it, on every call; one below comes
+# from the heap, mapped, from the second call on (the first call's free raised the threshold). That holds for one
+# allocation per size: the standard algorithm keeps S and P in one (``kernels/attn/_standard.py`` says why).
 MMAP_THRESHOLD_MAX = 32 * 2**20
 
 # (field, unit factor for the TOML file, unit) in the order the file lists them
@@ -42,11 +45,13 @@ _FIELDS = (
     ("threads", 1, ""), ("llc_bytes", 2**20, "MiB"),
     ("reduce_llc", 1e9, "GB/s"), ("reduce_dram", 1e9, "GB/s"),
     ("update_llc", 1e9, "GB/s"), ("update_dram", 1e9, "GB/s"),
+    ("into_llc", 1e9, "GB/s"), ("into_dram", 1e9, "GB/s"),
+    ("divide_llc", 1e9, "GB/s"), ("divide_dram", 1e9, "GB/s"),
     ("fresh_dram", 1e9, "GB/s"), ("masked_llc", 1e9, "GB/s"), ("masked_dram", 1e9, "GB/s"),
     ("exp_llc", 1e9, "G/s"), ("exp_dram", 1e9, "G/s"),
     ("read_all", 1e9, "GB/s"), ("write_all", 1e9, "GB/s"), ("first_touch_all", 1e9, "GB/s"),
     ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
-    ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"), ("task_fault", 1e9, "GB/s"),
+    ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"),
     ("row_step_s", 1e-9, "ns"),
     ("read_all_llc", 1e9, "GB/s"), ("read_one_llc", 1e9, "GB/s"), ("read_one_dram", 1e9, "GB/s"),
     ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
@@ -64,17 +69,19 @@ class PhaseRates:
 
     One core, NumPy (the standard algorithm's elementwise passes), ``_llc`` from the last-level cache and
     ``_dram`` from DRAM, bytes counted as read + written: ``reduce_*`` a row reduction (max, sum; bytes read),
-    ``update_*`` an in-place ``x op= y``, ``fresh_dram`` ``z = x op y`` into a new array beyond the mmap threshold
-    (its page faults included), ``masked_*`` ``np.copyto(x, c, where=mask)`` (bytes of x), ``exp_*`` an in-place
-    ``np.exp`` (elements/s). ``llc_bytes`` is the footprint up to which a pass runs at the ``_llc`` rates: where one
-    core's read rate has fallen half-way (geometrically) from the cache's to DRAM's.
+    ``update_*`` an in-place ``x op= y`` (a multiply), ``into_*`` ``z = x op y`` into another array, mapped
+    (the core reads z's lines before it writes them, write-allocate: three streams where the in-place op has two),
+    ``divide_*`` an in-place ``x /= y`` (a division's throughput is a fraction of a multiply's), ``fresh_dram``
+    ``z = x op y`` into a new array beyond the mmap threshold (its page faults included), ``masked_*``
+    ``np.copyto(x, c, where=mask)`` (bytes of x), ``exp_*`` an in-place ``np.exp`` (elements/s). ``llc_bytes`` is
+    the footprint up to which a pass runs at the ``_llc`` rates: where one core's read rate has fallen half-way
+    (geometrically) from the cache's to DRAM's.
 
     All threads: ``read_all`` and ``write_all`` DRAM bandwidth (a read-only sum; a triad), ``first_touch_all`` the
     rate at which threads fault in new pages (the extra over writing mapped ones); ``gemm_qk`` and ``gemm_pv`` the
     standard algorithm's batched matmuls (K = ``gemm_d``, and K = N with ``gemm_d`` columns); per thread with all
     threads busy: ``gemm_block`` the flash kernel's two block products at ``block_br`` × ``block_bc`` tiles,
-    ``exp_block`` its vectorized exp, ``fma_block`` a multiply-add over a tile, ``task_fault`` the bytes/s at which
-    a thread faults in the tiles each task allocates (``np.empty`` per task), ``row_step_s`` the seconds per query
+    ``exp_block`` its vectorized exp, ``fma_block`` a multiply-add over a tile, ``row_step_s`` the seconds per query
     row and key block that the kernel takes beyond those parts (its online-softmax bookkeeping, the first block's
     row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
@@ -95,6 +102,10 @@ class PhaseRates:
     reduce_dram: float
     update_llc: float
     update_dram: float
+    into_llc: float
+    into_dram: float
+    divide_llc: float
+    divide_dram: float
     fresh_dram: float
     masked_llc: float
     masked_dram: float
@@ -108,7 +119,6 @@ class PhaseRates:
     gemm_block: float
     exp_block: float
     fma_block: float
-    task_fault: float
     row_step_s: float
     read_all_llc: float
     read_one_llc: float
@@ -175,7 +185,7 @@ class Phase:
 
     name: str
     seconds: float
-    kind: str  # "gemm", "exp", "reduce", "update", "fresh", "masked", "rows", "read" or "call"
+    kind: str  # "gemm", "exp", "reduce", "update", "into", "divide", "fresh", "masked", "rows", "read" or "call"
     threads: int
     flops: float = 0.0
     exps: float = 0.0
@@ -212,21 +222,24 @@ def _pass(rates, name, kind, traffic, footprint):
     return Phase(name, traffic / pass_rate(rates, kind, footprint), kind, 1, bytes=traffic)
 
 
-def _new_array(rates, name, read_bytes, new_bytes):
-    """A one-core pass that reads ``read_bytes`` and writes a new array of ``new_bytes``: fresh pages above the
-    mmap threshold, else heap memory already mapped (an update's rate)."""
-    if new_bytes >= MMAP_THRESHOLD_MAX:
+def _new_array(rates, name, read_bytes, new_bytes, allocation_bytes=None):
+    """A one-core pass that reads ``read_bytes`` and writes ``new_bytes`` of an allocation of ``allocation_bytes``
+    (by default ``new_bytes``) made for this call: fresh pages at or above the mmap threshold, else heap memory
+    already mapped (the rate of a pass into another array)."""
+    if (allocation_bytes or new_bytes) >= MMAP_THRESHOLD_MAX:
         return Phase(name, (read_bytes + new_bytes) / rates.fresh_dram, "fresh", 1, bytes=read_bytes + new_bytes)
-    return _pass(rates, name, "update", read_bytes + new_bytes, read_bytes + new_bytes)
+    return _pass(rates, name, "into", read_bytes + new_bytes, read_bytes + new_bytes)
 
 
-def _gemm(rates, name, flops, rate, read_bytes, write_bytes=0, new_bytes=0):
+def _gemm(rates, name, flops, rate, read_bytes, write_bytes=0, new_bytes=0, allocation_bytes=None):
     """A matmul on all threads: compute at its shape's rate plus its DRAM traffic at the all-core bandwidths (a
     sum, not the roofline's max: BLAS copies each panel into a packed buffer before it computes on it, so a panel
-    streamed from DRAM is not overlapped with the products), plus the page faults of a new output at or above the
-    mmap threshold, plus one launch."""
+    streamed from DRAM is not overlapped with the products), plus the page faults of its ``new_bytes`` of output
+    when their allocation (``allocation_bytes``, by default ``new_bytes``) is at or above the mmap threshold, plus
+    one launch."""
     memory_s = read_bytes / rates.read_all + write_bytes / rates.write_all
-    faults_s = new_bytes / rates.first_touch_all if new_bytes >= MMAP_THRESHOLD_MAX else 0.0
+    fresh = (allocation_bytes or new_bytes) >= MMAP_THRESHOLD_MAX
+    faults_s = new_bytes / rates.first_touch_all if fresh else 0.0
     return Phase(name, flops / rate + memory_s + faults_s + rates.launch_s, "gemm", rates.threads,
                  flops=flops, bytes=read_bytes + write_bytes)
 
@@ -248,8 +261,9 @@ def standard_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, e
     q_bytes = B * Hq * Nq * d * e
     s_dram = s_bytes * (1 - cache_fraction(rates, s_bytes))  # the share of S and P that reaches DRAM
     phases = [
-        # S = QKᵀ, one GEMM of K = d per kv head on all threads, into a new (B, Hq, Nq, Nk) array
-        _gemm(rates, "qk", 2 * E * d, rates.gemm_qk, q_bytes + kv_bytes, s_dram, new_bytes=s_bytes),
+        # S = QKᵀ, one GEMM of K = d per kv head on all threads, into the first half of a new buffer for S and P
+        _gemm(rates, "qk", 2 * E * d, rates.gemm_qk, q_bytes + kv_bytes, s_dram, new_bytes=s_bytes,
+              allocation_bytes=2 * s_bytes),
     ]
     if causal:
         # the (Nq, Nk) boolean mask and its negation, two new arrays, then S[~visible] = -inf in one masked store
@@ -258,15 +272,15 @@ def standard_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, e
         store = _pass(rates, "mask", "masked", 2 * s_bytes, s_bytes + mask)
         phases.append(Phase("mask", build.seconds + store.seconds, "masked", 1, bytes=build.bytes + store.bytes))
     phases.append(_pass(rates, "max", "reduce", s_bytes, s_bytes))
-    # P = S − max into a new array, then P *= scale in place
-    sub = _new_array(rates, "subtract", s_bytes, s_bytes)
+    # P = S − max into the buffer's second half, then P *= scale in place
+    sub = _new_array(rates, "subtract", s_bytes, s_bytes, allocation_bytes=2 * s_bytes)
     scale = _pass(rates, "subtract", "update", 2 * s_bytes, s_bytes)
     phases.append(Phase("subtract", sub.seconds + scale.seconds, sub.kind, 1, bytes=sub.bytes + scale.bytes))
     # exp in place: the in-place ufunc's own rate, by where P lies
     exp_rate = pass_rate(rates, "exp", s_bytes)
     phases.append(Phase("exp", E / exp_rate, "exp", 1, exps=E, bytes=2 * s_bytes))
     phases.append(_pass(rates, "sum", "reduce", s_bytes, s_bytes))
-    phases.append(_pass(rates, "normalize", "update", 2 * s_bytes, s_bytes))
+    phases.append(_pass(rates, "normalize", "divide", 2 * s_bytes, s_bytes))  # P /= l
     # O = PV, one GEMM of K = Nk per kv head on all threads, reading P
     phases.append(_gemm(rates, "pv", 2 * E * d, rates.gemm_pv, s_dram + kv_bytes))
     return tuple(phases)
@@ -283,12 +297,10 @@ def flash_split_count(tasks, n_key_blocks, threads):
     return min(n_splits, n_key_blocks)
 
 
-def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset, elem_bytes):
-    """(matmul FLOPs, exps, multiply-adds, bytes of new tiles) of one flash task: the query block of ``rows`` =
-    group·br rows at r0 against keys [k0, k1), block by block as ``flash_forward`` runs them; each task allocates
-    its S and P tiles (rows × Bc) and Q_i, O_i, PV (rows × d)."""
+def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset):
+    """(matmul FLOPs, exps, multiply-adds, query rows × key blocks) of one flash task: the query block of
+    ``rows`` = group·br rows at r0 against keys [k0, k1), block by block as ``flash_forward`` runs them."""
     flops = exps = fmas = row_blocks = 0
-    tiles = elem_bytes * (2 * rows * Bc + 3 * rows * d)
     first = True
     for c0 in range(k0, k1, Bc):
         bc = min(Bc, k1 - c0)
@@ -304,7 +316,7 @@ def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset, elem_bytes):
             first = False
         fmas += rows * d  # O_i ← diag(alpha) O_i + P_ij V_j
         row_blocks += rows
-    return flops, exps, fmas, tiles, row_blocks
+    return flops, exps, fmas, row_blocks
 
 
 SERIAL_MULTIPLY_ADDS = 2**24  # kernels._common.threads: an attention call or an int8 GEMV below this runs on the
@@ -330,9 +342,10 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
                  ) -> tuple[Phase, ...]:
     """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
     tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps ("softmax") and the
-    rescale of O_i ("rescale") and the page faults of each task's new tiles ("tiles"), as the slowest thread runs
-    them; the K/V traffic when it is longer ("read"); and the measured fixed cost of one call ("call"), plus the
-    merge's launch when the keys are split."""
+    rescale of O_i ("rescale"), as the slowest thread runs them; the K/V traffic when it is longer ("read"); the
+    page faults of the threads' tiles, one allocation per call (``kernels/attn/_api.py``), when it is at or above
+    the mmap threshold ("tiles"); and the measured fixed cost of one call ("call"), plus the merge's launch when
+    the keys are split."""
     _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, Br=Br, Bc=Bc, elem_bytes=elem_bytes)
     group = Hq // Hkv
     Br, Bc = min(Br, Nq), min(Bc, Nk)
@@ -348,21 +361,24 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
         per_split = -(-(-(-kend // Bc)) // n_splits)
         for split in range(n_splits):
             k0, k1 = min(kend, split * per_split * Bc), min(kend, (split + 1) * per_split * Bc)
-            per_block[ib, split] = _task_work(group * br, br, r0, kend, k0, k1, Bc, d, causal, offset,
-                                                elem_bytes)
+            per_block[ib, split] = _task_work(group * br, br, r0, kend, k0, k1, Bc, d, causal, offset)
     # tasks in the kernel's order (batch, kv head, query block, split), in equal contiguous chunks per thread
     order = [per_block[ib, sp] for _ in range(B * Hkv) for ib in range(Tr) for sp in range(n_splits)]
     threads = min(all_threads, len(order))
     chunk = -(-len(order) // threads)
     slowest = max((tuple(map(sum, zip(*order[t * chunk:(t + 1) * chunk]))) for t in range(threads)
                    if order[t * chunk:(t + 1) * chunk]), key=lambda w: w[0] / rates.gemm_block + w[1] /
-                  rates.exp_block + w[2] / rates.fma_block + w[3] / rates.task_fault + w[4] * rates.row_step_s)
-    flops, exps, fmas, tiles, row_blocks = slowest
+                  rates.exp_block + w[2] / rates.fma_block + w[3] * rates.row_step_s)
+    flops, exps, fmas, row_blocks = slowest
+    # each of the call's threads has Q_i, O_i, P·V (rows × d), S and P (rows × Bc) and m_i, l_i, alpha (rows),
+    # rows = group·Br (``kernels.attn._numba_cpu.task_elements``), all in one new array
+    tiles = all_threads * elem_bytes * (3 * group * Br * d + 2 * group * Br * Bc + 3 * group * Br)
+    tiles_s = tiles / rates.first_touch_all if tiles >= MMAP_THRESHOLD_MAX else 0.0
     compute = [Phase("qk", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
                Phase("softmax", exps / rates.exp_block, "exp", threads, exps=exps),
                Phase("pv", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
                Phase("rescale", fmas / rates.fma_block, "update", threads),
-               Phase("tiles", tiles / rates.task_fault, "fresh", threads, bytes=tiles),
+               Phase("tiles", tiles_s, "fresh", threads, bytes=tiles if tiles_s else 0.0),
                Phase("bookkeeping", row_blocks * rates.row_step_s, "rows", threads)]
     # K and V cross DRAM once per kv head when a head's K/V stay in the cache between query blocks (they are
     # re-read from it), Q read and O written once

@@ -46,6 +46,8 @@ RATE_ROWS = (("llc_bytes", "effective_llc_mib", 2**20, ""), ("read_all", "read_a
              ("read_one_llc", "read_1core_llc_gb_per_s", 1e9, ""),
              ("reduce_dram", "numpy_row_reduce_1core_dram_gb_per_s", 1e9, ""),
              ("update_dram", "numpy_inplace_update_1core_dram_gb_per_s", 1e9, ""),
+             ("into_dram", "numpy_into_mapped_array_1core_dram_gb_per_s", 1e9, ""),
+             ("divide_dram", "numpy_inplace_divide_1core_dram_gb_per_s", 1e9, ""),
              ("fresh_dram", "numpy_into_new_array_1core_dram_gb_per_s", 1e9, ""),
              ("exp_llc", "numpy_exp_inplace_1core_llc_g_per_s", 1e9, ""),
              ("exp_dram", "numpy_exp_inplace_1core_dram_g_per_s", 1e9, ""),

@@ -1,7 +1,13 @@
 """kernels.attention (both algorithms, every input layout) against the float64 oracle kernels.attn.reference."""
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -349,3 +355,34 @@ def test_empty_keys_or_queries(rng, algorithm):
     o, lse = kernels.attention(q, no_keys, no_keys, algorithm=algorithm, return_lse=True)
     assert np.all(o == 0) and np.all(np.isneginf(lse))  # nothing to attend to: zeros, as a fully masked row
     assert kernels.attention(q[:, :, :0], q, q, algorithm=algorithm).shape == (1, 2, 0, 4)
+
+
+_FAULTS = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    import kernels
+
+    # made as float32: freeing a larger temporary (float64 of 2 MiB) would raise glibc's thresholds first
+    q, k, v = (np.random.default_rng(0).standard_normal((1, 8, 512, 64), dtype=np.float32) for _ in range(3))
+    for _ in range(2):  # the first call's blocks come from mmap; their free raises glibc's thresholds
+        kernels.attention(q, k, v, algorithm=sys.argv[1])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        kernels.attention(q, k, v, algorithm=sys.argv[1])
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+""")
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="the page-fault count follows glibc's malloc on Linux")
+@pytest.mark.parametrize("algorithm", ["standard", "flash"])
+def test_repeated_calls_in_a_fresh_process_find_their_memory_mapped(algorithm):
+    # S and P of the standard algorithm (2 × 8 MiB here), the flash kernel's tiles (2.4 MiB per thread): one
+    # allocation per call below glibc's 32 MiB mmap ceiling, mapped again from the second call on. Allocated as
+    # two arrays, or per task, glibc trimmed them and they were faulted in again on every call: 1000 faults per
+    # call for S and P, 4100 for the tiles, and at least 8 (2 MiB huge pages) for 16 MiB.
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", _FAULTS, algorithm], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.strip().splitlines()[-1]) < 20  # in 5 calls

@@ -23,3 +23,20 @@ def test_equals_the_float64_product(rng, m, k, n):
 def test_mismatched_k_is_refused(rng):
     with pytest.raises(ValueError, match=r"x \(M, K\) and w \(N, K\) must share a K"):
         matmul_nt(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_batched_matmul_writes_into_the_array_given(rng, transpose_b):
+    from kernels._common.blas import batched_matmul
+
+    a = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    b = rng.standard_normal((3, 9, 7) if transpose_b else (3, 7, 9)).astype(np.float32)
+    buffer = np.full((2, 3, 5, 9), np.nan, dtype=np.float32)
+    y = batched_matmul(a, b, transpose_b=transpose_b, out=buffer[1])
+    assert np.shares_memory(y, buffer) and np.isnan(buffer[0]).all()
+    ref = a.astype(np.float64) @ (np.swapaxes(b, 1, 2) if transpose_b else b).astype(np.float64)
+    np.testing.assert_allclose(buffer[1], ref, rtol=1e-5, atol=1e-5)
+    for bad in (np.empty((3, 5, 8), np.float32), np.empty((3, 5, 9), np.float64),
+                np.empty((3, 5, 18), np.float32)[:, :, ::2]):
+        with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
+            batched_matmul(a, b, transpose_b=transpose_b, out=bad)
