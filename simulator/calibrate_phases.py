@@ -321,6 +321,32 @@ def gemv_rates(buffer, llc_bytes: float) -> dict:
             "gemv_fp32_llc": w_llc.nbytes / _best(lambda: x @ w_llc.T, repeats=20, warmup=3)}
 
 
+def int8_gemv_rates(buffer, llc_bytes: float) -> dict:
+    """``Int8Linear``'s one-vector kernel (``kernels.int8._api.split_gemv_into``) in int8 weight bytes/s, K = 4096:
+    on all threads from DRAM (W a (N, K) int8 view of half the mapped ``buffer``) and from the cache (W of a
+    quarter of the effective LLC), and on the calling thread from the cache. The kernel itself, not the plain read:
+    its dot products, scales and outlier scan make it stream slower than a read of the same bytes."""
+    from kernels.int8._api import Int8Weight, split_gemv_into
+
+    K = 4096
+    x = np.random.default_rng(0).standard_normal((1, K), dtype=np.float32)  # (1, K), no outlier above 6
+    flags = np.empty(K, dtype=np.bool_)
+
+    def rate(w_i8, repeats, warmup):
+        weight = Int8Weight(w_i8, np.ones(w_i8.shape[0], dtype=np.float32))
+        y = np.empty((1, w_i8.shape[0]), dtype=np.float32)
+        return w_i8.nbytes / _best(lambda: split_gemv_into(x, weight, 6.0, y, flags), repeats=repeats,
+                                   warmup=warmup)
+
+    raw = buffer.view(np.int8)
+    w_dram = raw[:raw.size // 2 // K * K].reshape(-1, K)  # (N, K)
+    w_llc = np.ones((max(1, int(llc_bytes) // 4 // K), K), dtype=np.int8)  # (N, K)
+    rates = {"int8_gemv_dram": rate(w_dram, 3, 1), "int8_gemv_llc": rate(w_llc, 20, 3)}
+    with one_thread():
+        rates["int8_gemv_one_llc"] = rate(w_llc, 20, 3)
+    return rates
+
+
 def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: float | None = None,
                 launch_s: float | None = None, buffer=None):
     """Measure this machine's ``PhaseRates`` now (a few seconds). The all-core write rate is the triad's and the
@@ -367,6 +393,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["write_all"], values["launch_s"] = write_all, launch_s
     values["attention_call_s"] = attention_call_seconds()
     values["int8_call_s"] = int8_call_seconds()
+    values.update(int8_gemv_rates(buffer, values["llc_bytes"]))
     llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
     values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
     with one_thread():  # one core's read, as a call that runs on the calling thread streams (_common.threads)

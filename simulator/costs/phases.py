@@ -57,6 +57,7 @@ _FIELDS = (
     ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
     ("gemv_fp32_dram", 1e9, "GB/s"),
     ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"),
+    ("int8_gemv_llc", 1e9, "GB/s"), ("int8_gemv_dram", 1e9, "GB/s"), ("int8_gemv_one_llc", 1e9, "GB/s"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
     ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
     ("calibration_s", 1, "s"),
@@ -92,7 +93,9 @@ class PhaseRates:
     ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM;
     ``step_fp32_dram`` and ``step_int8_dram``: the weight bytes/s at which the row kernels of the one-region
     decode step (``kernels.dense.gemv_rows``, ``kernels.int8.rows.int8_rows``) stream a weight from DRAM, its
-    rows split evenly over all threads in one parallel region.
+    rows split evenly over all threads in one parallel region. ``int8_gemv_llc``, ``int8_gemv_dram`` and
+    ``int8_gemv_one_llc``: the int8 weight bytes/s of ``Int8Linear``'s one-vector kernel on all threads from the
+    cache and from DRAM, and on the calling thread from the cache.
     ``calibration_s``: how long measuring all of this took.
     """
 
@@ -128,6 +131,9 @@ class PhaseRates:
     gemv_fp32_dram: float
     step_fp32_dram: float
     step_int8_dram: float
+    int8_gemv_llc: float
+    int8_gemv_dram: float
+    int8_gemv_one_llc: float
     launch_s: float
     attention_call_s: float
     int8_call_s: float
@@ -430,17 +436,18 @@ def dense_gemv_phases(rates: PhaseRates, K, N) -> tuple[Phase, ...]:
 
 
 def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]:
-    """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the read rate
-    of where it lies, plus the fixed cost of a call (outlier scan, quantization) measured on a tiny vector; the
-    ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes. Below
-    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread, at one core's read rate, and holds no
-    region; a larger one runs on the pool and pays one region's launch."""
+    """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the kernel's
+    rate measured for where it lies, plus the fixed cost of a call (outlier scan, quantization) measured on a tiny
+    vector; the ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes. Below
+    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread and holds no region (from DRAM at most at
+    one core's read rate); a larger one runs on the pool and pays one region's launch."""
     _check(K=K, N=N)
     w_bytes = K * N + 4 * N + N * n_outliers
     threads = 1 if K * N < SERIAL_MULTIPLY_ADDS else rates.threads
     if threads == 1:
-        read_s = w_bytes / _by_level(rates, rates.read_one_llc, rates.read_one_dram, w_bytes)
+        dram = min(rates.int8_gemv_one_llc, rates.read_one_dram)
+        read_s = w_bytes / _by_level(rates, rates.int8_gemv_one_llc, dram, w_bytes)
     else:
-        read_s = w_bytes / _by_level(rates, rates.read_all_llc, rates.read_all, w_bytes)
+        read_s = w_bytes / _by_level(rates, rates.int8_gemv_llc, rates.int8_gemv_dram, w_bytes)
     return (Phase("int8_gemv", read_s, "read", threads, flops=2 * K * N, bytes=w_bytes),
             Phase("call", rates.int8_call_s + (rates.launch_s if threads > 1 else 0.0), "call", 1))

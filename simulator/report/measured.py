@@ -44,6 +44,8 @@ def fresh_rates(ctx: RunContext):
 RATE_ROWS = (("llc_bytes", "effective_llc_mib", 2**20, ""), ("read_all", "read_all_cores_gb_per_s", 1e9, ""),
              ("read_one_dram", "read_1core_dram_gb_per_s", 1e9, ""),
              ("read_one_llc", "read_1core_llc_gb_per_s", 1e9, ""),
+             ("int8_gemv_dram", "int8_gemv_all_cores_dram_gb_per_s", 1e9, ""),
+             ("int8_gemv_one_llc", "int8_gemv_1core_llc_gb_per_s", 1e9, ""),
              ("reduce_dram", "numpy_row_reduce_1core_dram_gb_per_s", 1e9, ""),
              ("update_dram", "numpy_inplace_update_1core_dram_gb_per_s", 1e9, ""),
              ("into_dram", "numpy_into_mapped_array_1core_dram_gb_per_s", 1e9, ""),

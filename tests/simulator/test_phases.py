@@ -27,6 +27,7 @@ RATES = PhaseRates(
     row_step_s=200e-9, read_all_llc=40e9, read_one_llc=30e9, read_one_dram=12e9,
     decode_stream=8e9, gemv_fp32_llc=30e9,
     gemv_fp32_dram=20e9, step_fp32_dram=18e9, step_int8_dram=22e9,
+    int8_gemv_llc=35e9, int8_gemv_dram=21e9, int8_gemv_one_llc=24e9,
     launch_s=50e-6, attention_call_s=100e-6, int8_call_s=20e-6, gemm_d=64, block_br=512, block_bc=512,
     llc_curve_bytes=(4 * 2**20, 32 * 2**20, 128 * 2**20), llc_curve_fraction=(1.0, 0.5, 0.0))
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,18 +149,25 @@ def test_int8_gemv_pays_a_quarter_of_the_bytes_and_its_call():
     n = 16384  # weights far beyond the cache: both stream from DRAM
     fp32 = phases.total_seconds(phases.dense_gemv_phases(RATES, n, n))
     int8 = phases.total_seconds(phases.int8_gemv_phases(RATES, n, n, 4))
-    assert int8 > RATES.int8_call_s + n * n / RATES.read_all
+    assert int8 == pytest.approx(RATES.int8_call_s + RATES.launch_s + (n * n + 8 * n) / RATES.int8_gemv_dram)
     assert fp32 == pytest.approx(4 * n * n / RATES.gemv_fp32_dram)
-    # a weight that fits in the cache streams faster than DRAM allows; 2^24 multiply-adds run on the pool, one
-    # region's launch on top of the call
+    # a weight that fits in the cache streams at the kernel's rate from it; 2^24 multiply-adds run on the pool,
+    # one region's launch on top of the call
     mid = phases.int8_gemv_phases(RATES, 4096, 4096)
-    assert mid[0].threads == RATES.threads and mid[0].seconds < 4096 * 4096 / RATES.read_all
+    assert mid[0].threads == RATES.threads
+    f = phases.cache_fraction(RATES, 4096 * 4096 + 4 * 4096)  # 16 MiB: two thirds of the way to the cache
+    assert 0 < f < 1
+    assert mid[0].seconds == pytest.approx((4096 * 4096 + 4 * 4096) / (RATES.int8_gemv_dram ** (1 - f)
+                                                                         * RATES.int8_gemv_llc ** f))
     assert mid[1].seconds == pytest.approx(RATES.int8_call_s + RATES.launch_s)
-    # fewer run on the calling thread (kernels._common.threads): one core's read rate, no launch
+    # fewer run on the calling thread (kernels._common.threads): the kernel's one-thread rate, no launch
     small = phases.int8_gemv_phases(RATES, 2048, 2048)
     assert small[0].threads == 1 and small[1].seconds == RATES.int8_call_s
-    w_bytes = 2048 * 2048 + 4 * 2048
-    assert RATES.read_one_dram < w_bytes / small[0].seconds <= RATES.read_one_llc
+    assert small[0].seconds == pytest.approx((2048 * 2048 + 4 * 2048) / RATES.int8_gemv_one_llc)
+    # a call on the calling thread from DRAM (a machine with a small cache): at most one core's read rate
+    tiny_cache = dataclasses.replace(RATES, llc_curve_bytes=(2**20, 2**21), llc_curve_fraction=(1.0, 0.0))
+    far = phases.int8_gemv_phases(tiny_cache, 2048, 2048)
+    assert far[0].seconds == pytest.approx((2048 * 2048 + 4 * 2048) / RATES.read_one_dram)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True])
