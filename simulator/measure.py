@@ -24,12 +24,25 @@ class Timing:
 # before steals the cores from the next measurement (flash attention at N=512 ran 2x slower right after it).
 SETTLE_S = 0.3
 
+# Warm-up after that pause, in seconds of calls. On a shared VM the data of a call idle for 30 ms or more is cold
+# when it comes back: its next reads run at DRAM speed or below, whatever the process did meanwhile (measured on a
+# 2-vCPU Xeon VM: one core's read of a 16 MiB array 29 GB/s back to back, 13 GB/s after 30-100 ms of sleep or of
+# spinning on other work; flash attention at N=256 2.1 ms against 1.1 ms). It takes on the order of 0.1 s of calls to
+# come back: with 0.1-0.2 s of calls the medians of 3 runs were steady (1.09-1.12 ms), with one call they were not.
+WARM_S = 0.15
 
-def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE_S) -> Timing:
-    """Idle ``settle_s``, call ``fn`` ``warmup`` times untimed (compilation, caches), then ``repeats`` times with
-    ``perf_counter``."""
+
+def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE_S,
+              warm_s: float | None = None) -> Timing:
+    """Idle ``settle_s``, call ``fn`` ``warmup`` times untimed (compilation, caches) and on until ``warm_s`` has
+    passed (``WARM_S`` after a pause, none without one), then ``repeats`` times with ``perf_counter``."""
+    if warm_s is None:
+        warm_s = WARM_S if settle_s > 0 else 0.0
     time.sleep(settle_s)
+    start = time.perf_counter()
     for _ in range(warmup):
+        fn()
+    while time.perf_counter() - start < warm_s:
         fn()
     samples = []
     for _ in range(repeats):
