@@ -17,7 +17,7 @@ import time
 import numpy as np
 from numba import njit, prange
 
-from kernels._common.numba_cpu import FASTMATH, exp_row
+from kernels._common.numba_cpu import FASTMATH, exp_row, row_max
 from kernels.cpuinfo import cache_sizes, user_cache_dir
 from kernels.dense import gemv_rows
 from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
@@ -37,6 +37,20 @@ def exp_rows(s, p, iterations):
         for _ in range(iterations):
             for r in range(s.shape[1]):
                 acc += exp_row(s[t, r], p[t, r], s.shape[2], 0.0, 1.0)
+        total += acc
+    return total
+
+
+@njit(parallel=True, fastmath=FASTMATH, cache=True)
+def max_rows(s, iterations):
+    """Thread t: ``iterations`` times the row max of every row r of its (Br, Bc) tile, as the flash kernel takes
+    it over a row's first block."""
+    total = 0.0
+    for t in prange(s.shape[0]):
+        acc = 0.0
+        for _ in range(iterations):
+            for r in range(s.shape[1]):
+                acc += row_max(s[t, r], s.shape[2], -np.inf)
         total += acc
     return total
 
@@ -178,11 +192,13 @@ def _flash_block_rates(d: int, threads: int) -> dict:
         step = _best(lambda: block_steps(q_i, k_j, v_j, s, p, pv, o_acc, alpha, iterations)) / iterations
         exp_rows(scores, p, 1)
         exp = _best(lambda: exp_rows(scores, p, iterations)) / iterations
+        max_rows(scores, 1)
+        row_max_s = _best(lambda: max_rows(scores, iterations)) / iterations
         rescale_rows(o_acc, pv, alpha, 1)
         rescale = _best(lambda: rescale_rows(o_acc, pv, alpha, iterations)) / iterations
     products = max(step - exp - rescale, 0.5 * step)  # (a floor, should noise make the parts exceed the step)
-    return {"gemm_block": 4 * br * bc * d / products, "exp_block": br * bc / exp, "fma_block": br * d / rescale,
-            "block_br": br, "block_bc": bc}
+    return {"gemm_block": 4 * br * bc * d / products, "exp_block": br * bc / exp, "max_block": br * bc / row_max_s,
+            "fma_block": br * d / rescale, "block_br": br, "block_bc": bc}
 
 
 def _standard_gemm_rates(d: int, threads: int) -> dict:
@@ -326,7 +342,8 @@ def int8_gemv_rates(buffer, llc_bytes: float) -> dict:
     on all threads from DRAM (W a (N, K) int8 view of half the mapped ``buffer``) and from the cache (W of a
     quarter of the effective LLC), and on the calling thread from the cache. The kernel itself, not the plain read:
     its dot products, scales and outlier scan make it stream slower than a read of the same bytes."""
-    from kernels.int8._api import Int8Weight, split_gemv_into
+    from kernels.int8 import Int8Weight
+    from kernels.int8._api import split_gemv_into
 
     K = 4096
     x = np.random.default_rng(0).standard_normal((1, K), dtype=np.float32)  # (1, K), no outlier above 6

@@ -26,7 +26,7 @@ NOT_FOR_PLAIN_SIZES = ("kernels", "models", "simulator.measure", "simulator.cali
 # GPU is there before anything imports CuPy.
 _TIER = "the GPU check measures a tier's launcher directly"
 _PIECES = ("the CPU calibration times the kernels' own pieces (the standard algorithm's batched matmuls, the flash "
-           "kernel's exp)")
+           "kernel's exp and row max, the int8 GEMV kernel without its serial rule)")
 KNOWN = {
     ("simulator.gpu_check", "kernels._common.gpu"): "is a GPU there",
     ("simulator.gpu_check.worker", "kernels._common.gpu"): "is a GPU there",
@@ -40,6 +40,8 @@ KNOWN = {
     # no public function runs these pieces alone
     ("simulator.calibrate_phases", "kernels._common.numba_cpu.FASTMATH"): _PIECES,
     ("simulator.calibrate_phases", "kernels._common.numba_cpu.exp_row"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.numba_cpu.row_max"): _PIECES,
+    ("simulator.calibrate_phases", "kernels.int8._api.split_gemv_into"): _PIECES,
     ("simulator.calibrate_phases", "kernels._common.blas.single_threaded_blas"): _PIECES,
     ("simulator.calibrate_phases", "kernels._common.blas.TASKS_PER_THREAD"): _PIECES,
     ("simulator.calibrate_phases", "kernels._common.blas._batched_nn"): _PIECES,

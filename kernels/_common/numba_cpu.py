@@ -150,3 +150,50 @@ def _exp_row_overload(s, p, n, m, c):
     if s.dtype == types.float32:
         return _exp_row_f32
     return _exp_row_f64
+
+
+def row_max(s, n, m):
+    """max(m, s[0:n]) for a float32 or float64 row s, the NaNs of s left out (compiled by the overload below).
+
+    Compared as integers, so that the loop vectorizes: LLVM vectorizes a float max reduction only without NaNs
+    ('nnan', which FASTMATH leaves out), an integer one always. A float's bits x, flipped to x ^ 0x7fff...ff where
+    the sign is set, order as signed integers as the floats do (IEEE 754 orders the magnitudes as their bit
+    patterns); a NaN counts as the smallest key. Equal to the scalar loop's result, up to the sign of a zero
+    maximum (-0.0 and +0.0 compare equal). Measured on a 2-vCPU Xeon (AVX-512), a row of 512 float32: 486 ns as a
+    float compare-and-select loop, 37 ns this way (float64: 453 and 97 ns), the exp pass 171 ns.
+    """
+    raise NotImplementedError("compiled through numba.extending.overload; call it from jitted code")
+
+
+def _row_max_f32(s, n, m):
+    # (every step cast back to int32: Numba widens int32 arithmetic to int64)
+    low = np.int32(0x7FFFFFFF)
+    bits = as_int(np.float32(m))
+    best = np.int32(bits ^ ((bits >> np.int32(31)) & low))
+    for j in range(n):
+        x = s[j]
+        bits = as_int(x)
+        key = np.int32(bits ^ np.int32((bits >> np.int32(31)) & low))
+        key = key if x == x else np.int32(-0x80000000)
+        best = max(best, key)
+    return as_float(np.int32(best ^ np.int32((best >> np.int32(31)) & low)))
+
+
+def _row_max_f64(s, n, m):
+    low = np.int64(0x7FFFFFFFFFFFFFFF)
+    best = as_int(np.float64(m))
+    best ^= (best >> np.int64(63)) & low
+    for j in range(n):
+        x = s[j]
+        bits = as_int(x)
+        key = bits ^ ((bits >> np.int64(63)) & low)
+        key = key if x == x else np.int64(-0x8000000000000000)
+        best = max(best, key)
+    return as_float(best ^ ((best >> np.int64(63)) & low))
+
+
+@overload(row_max, fastmath=FASTMATH)
+def _row_max_overload(s, n, m):
+    if s.dtype == types.float32:
+        return _row_max_f32
+    return _row_max_f64

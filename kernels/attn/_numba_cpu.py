@@ -29,7 +29,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._common.numba_cpu import FASTMATH, exp_row
+from .._common.numba_cpu import FASTMATH, exp_row, row_max
 
 # Lazy rescaling (as FlashAttention-4 does on Blackwell): each block's exp is taken against the running maximum
 # m_i of the earlier blocks, and m_i moves only when a row's sum of exps exceeds this bound, i.e. when a new score
@@ -55,15 +55,6 @@ def _has_nan(s, n):
         if s[j] != s[j]:
             return True
     return False
-
-
-@njit(inline="always", fastmath=FASTMATH)
-def _row_max(s, n, m):
-    """max(m, s[0:n]); a NaN in s does not enter the max, it propagates through exp later."""
-    for j in range(n):
-        if s[j] > m:
-            m = s[j]
-    return m
 
 
 def task_elements(rows, Bc, d):
@@ -146,7 +137,7 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                 # (m_i is read back after each store, so that exp and alpha see the same rounded value)
                 m_old = m_i[r]
                 if m_old == -np.inf:  # no reference yet (the row's first block with a score above -inf)
-                    m_block = _row_max(s_row, n_vis, -np.inf)
+                    m_block = row_max(s_row, n_vis, -np.inf)
                     if m_block == -np.inf:
                         # every visible score is -inf (zero weight: as if masked) or NaN: the block adds nothing,
                         # but a NaN poisons the row (sum and output), as in the oracle
@@ -159,7 +150,7 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                     m_i[r] = m_block
                 row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
                 if not row_sum <= RESCALE_LIMIT:  # a new score beats the maximum by far (or inf): move m_i
-                    m_i[r] = max(m_i[r], _row_max(s_row, n_vis, -np.inf))
+                    m_i[r] = max(m_i[r], row_max(s_row, n_vis, -np.inf))
                     row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
                 p_row[n_vis:] = 0.0
                 # rescale factor of the old state: exp(scale·(m_old − m_new)); 0 after no reference, 1 if m stays

@@ -51,7 +51,7 @@ _FIELDS = (
     ("exp_llc", 1e9, "G/s"), ("exp_dram", 1e9, "G/s"),
     ("read_all", 1e9, "GB/s"), ("write_all", 1e9, "GB/s"), ("first_touch_all", 1e9, "GB/s"),
     ("gemm_qk", 1e9, "GFLOP/s"), ("gemm_pv", 1e9, "GFLOP/s"), ("gemm_block", 1e9, "GFLOP/s"),
-    ("exp_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"),
+    ("exp_block", 1e9, "G/s"), ("max_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"),
     ("row_step_s", 1e-9, "ns"),
     ("read_all_llc", 1e9, "GB/s"), ("read_one_llc", 1e9, "GB/s"), ("read_one_dram", 1e9, "GB/s"),
     ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
@@ -82,7 +82,8 @@ class PhaseRates:
     rate at which threads fault in new pages (the extra over writing mapped ones); ``gemm_qk`` and ``gemm_pv`` the
     standard algorithm's batched matmuls (K = ``gemm_d``, and K = N with ``gemm_d`` columns); per thread with all
     threads busy: ``gemm_block`` the flash kernel's two block products at ``block_br`` × ``block_bc`` tiles,
-    ``exp_block`` its vectorized exp, ``fma_block`` a multiply-add over a tile, ``row_step_s`` the seconds per query
+    ``exp_block`` its vectorized exp, ``max_block`` its row max (``row_max``, scores/s), ``fma_block`` a
+    multiply-add over a tile, ``row_step_s`` the seconds per query
     row and key block that the kernel takes beyond those parts (its online-softmax bookkeeping, the first block's
     row max: measured as the whole kernel's excess over them at one size). ``launch_s``: one parallel region;
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
@@ -121,6 +122,7 @@ class PhaseRates:
     gemm_pv: float
     gemm_block: float
     exp_block: float
+    max_block: float
     fma_block: float
     row_step_s: float
     read_all_llc: float
@@ -304,25 +306,26 @@ def flash_split_count(tasks, n_key_blocks, threads):
 
 
 def _task_work(rows, br, r0, keys, k0, k1, Bc, d, causal, offset):
-    """(matmul FLOPs, exps, multiply-adds, query rows × key blocks) of one flash task: the query block of
-    ``rows`` = group·br rows at r0 against keys [k0, k1), block by block as ``flash_forward`` runs them."""
-    flops = exps = fmas = row_blocks = 0
+    """(matmul FLOPs, exps, scores of the row-max pass, multiply-adds, query rows × key blocks) of one flash task:
+    the query block of ``rows`` = group·br rows at r0 against keys [k0, k1), block by block as ``flash_forward``
+    runs them; the row max is taken over a row's first block only (lazy rescaling after it)."""
+    flops = exps = maxes = fmas = row_blocks = 0
     first = True
     for c0 in range(k0, k1, Bc):
         bc = min(Bc, k1 - c0)
         flops += 4 * rows * bc * d  # S_ij = Q_i K_jᵀ and P_ij V_j, each 2·rows·bc·d, masked part included
         if causal and c0 + bc - 1 > r0 + offset:  # a diagonal block: each row's exps stop at its last visible key
             group = rows // br
-            visible = sum(max(0, min(bc, r0 + i + offset - c0 + 1)) for i in range(br))
-            exps += group * visible
+            block_exps = group * sum(max(0, min(bc, r0 + i + offset - c0 + 1)) for i in range(br))
         else:
-            exps += rows * bc
+            block_exps = rows * bc
+        exps += block_exps
         if first:
-            exps += rows * bc  # the row-max pass of a row's first block (a compare per score, at about exp's rate)
+            maxes += block_exps  # the row max over the same visible scores
             first = False
         fmas += rows * d  # O_i ← diag(alpha) O_i + P_ij V_j
         row_blocks += rows
-    return flops, exps, fmas, row_blocks
+    return flops, exps, maxes, fmas, row_blocks
 
 
 SERIAL_MULTIPLY_ADDS = 2**24  # kernels._common.threads: an attention call or an int8 GEMV below this runs on the
@@ -347,9 +350,9 @@ def attention_threads(rates: PhaseRates, B, Hq, Nq, Nk, d, causal) -> int:
 def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, Bc, elem_bytes=4
                  ) -> tuple[Phase, ...]:
     """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
-    tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps ("softmax") and the
-    rescale of O_i ("rescale"), as the slowest thread runs them; the K/V traffic when it is longer ("read"); the
-    page faults of the threads' tiles, one allocation per call (``kernels/attn/_api.py``), when it is at or above
+    tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps and the first
+    block's row max ("softmax") and the rescale of O_i ("rescale"), as the slowest thread runs them; the K/V
+    traffic when it is longer ("read"); the page faults of the threads' tiles, one allocation per call (``kernels/attn/_api.py``), when it is at or above
     the mmap threshold ("tiles"); and the measured fixed cost of one call ("call"), plus the merge's launch when
     the keys are split."""
     _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, Br=Br, Bc=Bc, elem_bytes=elem_bytes)
@@ -374,14 +377,14 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
     chunk = -(-len(order) // threads)
     slowest = max((tuple(map(sum, zip(*order[t * chunk:(t + 1) * chunk]))) for t in range(threads)
                    if order[t * chunk:(t + 1) * chunk]), key=lambda w: w[0] / rates.gemm_block + w[1] /
-                  rates.exp_block + w[2] / rates.fma_block + w[3] * rates.row_step_s)
-    flops, exps, fmas, row_blocks = slowest
+                  rates.exp_block + w[2] / rates.max_block + w[3] / rates.fma_block + w[4] * rates.row_step_s)
+    flops, exps, maxes, fmas, row_blocks = slowest
     # each of the call's threads has Q_i, O_i, P·V (rows × d), S and P (rows × Bc) and m_i, l_i, alpha (rows),
     # rows = group·Br (``kernels.attn._numba_cpu.task_elements``), all in one new array
     tiles = all_threads * elem_bytes * (3 * group * Br * d + 2 * group * Br * Bc + 3 * group * Br)
     tiles_s = tiles / rates.first_touch_all if tiles >= MMAP_THRESHOLD_MAX else 0.0
     compute = [Phase("qk", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
-               Phase("softmax", exps / rates.exp_block, "exp", threads, exps=exps),
+               Phase("softmax", exps / rates.exp_block + maxes / rates.max_block, "exp", threads, exps=exps),
                Phase("pv", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
                Phase("rescale", fmas / rates.fma_block, "update", threads),
                Phase("tiles", tiles_s, "fresh", threads, bytes=tiles if tiles_s else 0.0),

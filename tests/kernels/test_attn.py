@@ -290,6 +290,36 @@ def test_default_blocks_follow_the_cache(monkeypatch):
     assert _blocks.default_blocks(64, 4, group=3)[0] < big[0]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [0, 1, 7, 16, 33, 512, 1001])
+def test_the_integer_row_max_is_the_max_without_nans(rng, dtype, n):
+    # the flash kernel's row max (compared as integers, to vectorize) against NumPy's over the row's first n,
+    # NaNs left out: NaNs, infinities, zeros of both signs, subnormals and normal values of both signs
+    from numba import njit
+
+    from kernels._common.numba_cpu import row_max
+
+    @njit
+    def run(s, n, m):
+        return row_max(s, n, m)
+
+    info = np.finfo(dtype)
+    pool = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, info.tiny / 4, -info.tiny / 4, info.max,
+                     -info.max, 1.0, -1.0], dtype=dtype)
+    for trial in range(30):
+        s = (rng.standard_normal(n + 5) * 10.0 ** rng.integers(-30, 30)).astype(dtype)  # 5 past n, never read
+        s[n:] = info.max
+        picks = rng.random(n) < 0.3
+        s[:n][picks] = rng.choice(pool, int(picks.sum()))
+        if trial % 10 == 9:
+            s[:n] = np.nan  # all NaN: m itself
+        for m in (-np.inf, 0.5, -3.0):
+            finite = s[:n][~np.isnan(s[:n])]
+            expected = max(m, finite.max()) if finite.size else m
+            got = run(s, n, m)
+            assert got == expected and not np.isnan(got), (trial, m, got, expected)
+
+
 @pytest.mark.parametrize("dtype, max_rel_err", [("float32", 3e-7), ("float64", 1e-15)])
 def test_vectorized_exp_of_the_flash_kernel(rng, dtype, max_rel_err):
     # the kernel's exp (exponent bits + polynomial) against libm in float64, over the range softmax feeds it:

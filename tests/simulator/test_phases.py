@@ -23,7 +23,7 @@ RATES = PhaseRates(
     threads=2, llc_bytes=64 * 2**20, reduce_llc=20e9, reduce_dram=10e9, update_llc=60e9, update_dram=30e9,
     into_llc=20e9, into_dram=15e9, divide_llc=30e9, divide_dram=25e9,
     fresh_dram=8e9, masked_llc=30e9, masked_dram=20e9, exp_llc=2e9, exp_dram=1e9, read_all=25e9, write_all=40e9,
-    first_touch_all=20e9, gemm_qk=250e9, gemm_pv=250e9, gemm_block=120e9, exp_block=3e9, fma_block=10e9,
+    first_touch_all=20e9, gemm_qk=250e9, gemm_pv=250e9, gemm_block=120e9, exp_block=3e9, max_block=12e9, fma_block=10e9,
     row_step_s=200e-9, read_all_llc=40e9, read_one_llc=30e9, read_one_dram=12e9,
     decode_stream=8e9, gemv_fp32_llc=30e9,
     gemv_fp32_dram=20e9, step_fp32_dram=18e9, step_int8_dram=22e9,
