@@ -104,6 +104,21 @@ def _sum_one_core(x):
     return acc
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def _read_sweeps(x, n_threads, sweeps):
+    """Σ x with each of ``n_threads`` tasks reading its contiguous share ``sweeps`` times, in one parallel region
+    (the all-core read rate at a footprint, without a region's launch per pass)."""
+    per = (x.size + n_threads - 1) // n_threads
+    total = 0.0
+    for t in prange(n_threads):
+        acc = np.float32(0.0)
+        for _ in range(sweeps):
+            for i in range(t * per, min(x.size, (t + 1) * per)):
+                acc += x[i]
+        total += acc
+    return total
+
+
 def _best(fn, repeats=3, warmup=1):
     return time_call(fn, repeats=repeats, warmup=warmup, settle_s=0.0).min_s
 
@@ -127,6 +142,26 @@ def llc_curve(buffer, l2_bytes: int) -> tuple[float, tuple, tuple]:
     fractions = tuple(min(1.0, max(0.0, math.log(r / rates[-1]) / span)) for r in rates)
     llc = max(size for size, f in zip(sizes, fractions) if f >= 0.5)
     return llc, tuple(sizes), fractions
+
+
+def llc_curve_all(buffer, sizes, threads: int) -> tuple:
+    """The all-core counterpart of ``llc_curve``'s fractions at its ``sizes``: the read rate of all threads over
+    each slice (``_read_sweeps``, about 256 MiB read per timing), placed on a log scale between the fastest (the
+    cache; every smaller size counts as cache too) and the last (DRAM). All cores keep more of a slice in the
+    shared cache than one core does (on the 2-vCPU Xeon VM 64 MiB read at 46 GB/s on both cores, 37 from DRAM,
+    while one core's rate there was half-way down)."""
+    rates = []
+    for size in sizes:
+        part = buffer[:int(size) // 4]
+        sweeps = max(1, 2**28 // part.nbytes)
+        rates.append(sweeps * part.nbytes / _best(lambda part=part, sweeps=sweeps: _read_sweeps(part, threads,
+                                                                                                 sweeps), repeats=2))
+    if len(rates) < 2:
+        return (1.0,) * len(rates)
+    top = rates.index(max(rates))
+    span = math.log(rates[top] / rates[-1]) or 1.0
+    return tuple(1.0 if i <= top else min(1.0, max(0.0, math.log(r / rates[-1]) / span))
+                 for i, r in enumerate(rates))
 
 
 def _numpy_pass_rates(x, y, level: str) -> dict:
@@ -337,11 +372,12 @@ def gemv_rates(buffer, llc_bytes: float) -> dict:
             "gemv_fp32_llc": w_llc.nbytes / _best(lambda: x @ w_llc.T, repeats=20, warmup=3)}
 
 
-def int8_gemv_rates(buffer, llc_bytes: float) -> dict:
+def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float) -> dict:
     """``Int8Linear``'s one-vector kernel (``kernels.int8._api.split_gemv_into``) in int8 weight bytes/s, K = 4096:
     on all threads from DRAM (W a (N, K) int8 view of half the mapped ``buffer``) and from the cache (W of a
     quarter of the effective LLC), and on the calling thread from the cache. The kernel itself, not the plain read:
-    its dot products, scales and outlier scan make it stream slower than a read of the same bytes."""
+    its dot products, scales and outlier scan make it stream slower than a read of the same bytes. The all-thread
+    rates leave out the region's launch (``launch_s``, which the model adds once per call)."""
     from kernels.int8 import Int8Weight
     from kernels.int8._api import split_gemv_into
 
@@ -349,16 +385,16 @@ def int8_gemv_rates(buffer, llc_bytes: float) -> dict:
     x = np.random.default_rng(0).standard_normal((1, K), dtype=np.float32)  # (1, K), no outlier above 6
     flags = np.empty(K, dtype=np.bool_)
 
-    def rate(w_i8, repeats, warmup):
+    def rate(w_i8, repeats, warmup, launch=0.0):
         weight = Int8Weight(w_i8, np.ones(w_i8.shape[0], dtype=np.float32))
         y = np.empty((1, w_i8.shape[0]), dtype=np.float32)
-        return w_i8.nbytes / _best(lambda: split_gemv_into(x, weight, 6.0, y, flags), repeats=repeats,
-                                   warmup=warmup)
+        t = _best(lambda: split_gemv_into(x, weight, 6.0, y, flags), repeats=repeats, warmup=warmup)
+        return w_i8.nbytes / max(t - launch, 0.5 * t)
 
     raw = buffer.view(np.int8)
     w_dram = raw[:raw.size // 2 // K * K].reshape(-1, K)  # (N, K)
     w_llc = np.ones((max(1, int(llc_bytes) // 4 // K), K), dtype=np.int8)  # (N, K)
-    rates = {"int8_gemv_dram": rate(w_dram, 3, 1), "int8_gemv_llc": rate(w_llc, 20, 3)}
+    rates = {"int8_gemv_dram": rate(w_dram, 3, 1, launch_s), "int8_gemv_llc": rate(w_llc, 20, 3, launch_s)}
     with one_thread():
         rates["int8_gemv_one_llc"] = rate(w_llc, 20, 3)
     return rates
@@ -382,6 +418,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values = {"threads": threads}
     values["read_all"] = read_bandwidth_of(buffer, repeats=3)
     values["llc_bytes"], values["llc_curve_bytes"], values["llc_curve_fraction"] = llc_curve(buffer, l2)
+    values["llc_curve_all_fraction"] = llc_curve_all(buffer, values["llc_curve_bytes"], threads)
     # NumPy's BLAS first, then an idle pause: its threads spin for ~0.1 s after a call (OpenBLAS's THREAD_TIMEOUT)
     # and would take the cores from every measurement after it, this calibration's and the caller's
     values.update(gemv_rates(buffer, values["llc_bytes"]))
@@ -410,7 +447,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["write_all"], values["launch_s"] = write_all, launch_s
     values["attention_call_s"] = attention_call_seconds()
     values["int8_call_s"] = int8_call_seconds()
-    values.update(int8_gemv_rates(buffer, values["llc_bytes"]))
+    values.update(int8_gemv_rates(buffer, values["llc_bytes"], values["launch_s"]))
     llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
     values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
     with one_thread():  # one core's read, as a call that runs on the calling thread streams (_common.threads)

@@ -76,7 +76,9 @@ class PhaseRates:
     ``z = x op y`` into a new array beyond the mmap threshold (its page faults included), ``masked_*``
     ``np.copyto(x, c, where=mask)`` (bytes of x), ``exp_*`` an in-place ``np.exp`` (elements/s). ``llc_bytes`` is
     the footprint up to which a pass runs at the ``_llc`` rates: where one core's read rate has fallen half-way
-    (geometrically) from the cache's to DRAM's.
+    (geometrically) from the cache's to DRAM's; ``llc_curve_bytes`` and ``llc_curve_fraction`` that curve (one
+    core's read rate at each footprint, 1 at the cache's rate to 0 at DRAM's), ``llc_curve_all_fraction`` the same
+    for all cores' read rate (for work on all threads).
 
     All threads: ``read_all`` and ``write_all`` DRAM bandwidth (a read-only sum; a triad), ``first_touch_all`` the
     rate at which threads fault in new pages (the extra over writing mapped ones); ``gemm_qk`` and ``gemm_pv`` the
@@ -144,11 +146,14 @@ class PhaseRates:
     block_bc: int
     llc_curve_bytes: tuple = ()
     llc_curve_fraction: tuple = ()
+    llc_curve_all_fraction: tuple = ()
     calibration_s: float = 0.0
 
     def __post_init__(self):
-        if len(self.llc_curve_bytes) < 1 or len(self.llc_curve_bytes) != len(self.llc_curve_fraction):
-            raise ValueError("PhaseRates.llc_curve_bytes and llc_curve_fraction must be equal, non-empty lists")
+        n = len(self.llc_curve_bytes)
+        if n < 1 or n != len(self.llc_curve_fraction) or n != len(self.llc_curve_all_fraction):
+            raise ValueError("PhaseRates.llc_curve_bytes, llc_curve_fraction and llc_curve_all_fraction must be "
+                             "equal, non-empty lists")
         for name, _, _ in _FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -164,7 +169,8 @@ class PhaseRates:
             text = str(value) if isinstance(value, int) and factor == 1 else format(value / factor, ".10g")
             lines.append(f"{name} = {text}" + (f"  # {unit}" if unit else ""))
         lines.append("llc_curve_bytes = [" + ", ".join(str(int(b)) for b in self.llc_curve_bytes) + "]")
-        lines.append("llc_curve_fraction = [" + ", ".join(format(f, ".10g") for f in self.llc_curve_fraction) + "]")
+        for name in ("llc_curve_fraction", "llc_curve_all_fraction"):
+            lines.append(f"{name} = [" + ", ".join(format(f, ".10g") for f in getattr(self, name)) + "]")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -173,14 +179,14 @@ class PhaseRates:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"{origin}: not valid TOML: {err}") from None
-        names = [name for name, _, _ in _FIELDS] + ["llc_curve_bytes", "llc_curve_fraction"]
+        curves = ["llc_curve_bytes", "llc_curve_fraction", "llc_curve_all_fraction"]
+        names = [name for name, _, _ in _FIELDS] + curves
         missing, unknown = sorted(set(names) - data.keys()), sorted(data.keys() - set(names))
         if missing or unknown:
             raise ValueError(f"{origin}: missing {missing}, unknown {unknown}")
         ints = {"threads", "gemm_d", "block_br", "block_bc"}
         values = {name: int(data[name]) if name in ints else data[name] * factor for name, factor, _ in _FIELDS}
-        return cls(**values, llc_curve_bytes=tuple(float(b) for b in data["llc_curve_bytes"]),
-                   llc_curve_fraction=tuple(float(f) for f in data["llc_curve_fraction"]))
+        return cls(**values, **{name: tuple(float(x) for x in data[name]) for name in curves})
 
     def replace(self, **changes) -> "PhaseRates":
         return dataclasses.replace(self, **changes)
@@ -204,11 +210,12 @@ def total_seconds(phases) -> float:
     return sum(p.seconds for p in phases)
 
 
-def cache_fraction(rates, footprint):
+def cache_fraction(rates, footprint, all_cores=False):
     """How far a pass over ``footprint`` bytes runs at cache speed, 1 (all from the cache) to 0 (from DRAM): one
-    core's measured read rate at that footprint, placed between the cache's and DRAM's on a log scale
-    (``rates.llc_curve``, interpolated in log footprint; flat beyond its ends)."""
-    sizes, fractions = rates.llc_curve_bytes, rates.llc_curve_fraction
+    core's measured read rate at that footprint (all cores' with ``all_cores``), placed between the cache's and
+    DRAM's on a log scale (``rates.llc_curve``, interpolated in log footprint; flat beyond its ends)."""
+    sizes = rates.llc_curve_bytes
+    fractions = rates.llc_curve_all_fraction if all_cores else rates.llc_curve_fraction
     if footprint <= sizes[0]:
         return fractions[0]
     for (s0, f0), (s1, f1) in zip(zip(sizes, fractions), zip(sizes[1:], fractions[1:])):
@@ -352,9 +359,9 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
     """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
     tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps and the first
     block's row max ("softmax") and the rescale of O_i ("rescale"), as the slowest thread runs them; the K/V
-    traffic when it is longer ("read"); the page faults of the threads' tiles, one allocation per call (``kernels/attn/_api.py``), when it is at or above
-    the mmap threshold ("tiles"); and the measured fixed cost of one call ("call"), plus the merge's launch when
-    the keys are split."""
+    traffic when it is longer ("read"); the page faults of the threads' tiles, one allocation per call
+    (``kernels/attn/_api.py``), when it is at or above the mmap threshold ("tiles"); and the measured fixed cost
+    of one call ("call"), plus the merge's launch when the keys are split."""
     _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, Br=Br, Bc=Bc, elem_bytes=elem_bytes)
     group = Hq // Hkv
     Br, Bc = min(Br, Nq), min(Bc, Nk)
@@ -424,18 +431,18 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
             Phase("call", rates.attention_call_s + (launches if threads > 1 else 0) * rates.launch_s, "call", 1))
 
 
-def _by_level(rates, llc_rate, dram_rate, footprint):
-    f = cache_fraction(rates, footprint)
+def _by_level(rates, llc_rate, dram_rate, footprint, all_cores=False):
+    f = cache_fraction(rates, footprint, all_cores)
     return dram_rate ** (1 - f) * llc_rate ** f
 
 
 def dense_gemv_phases(rates: PhaseRates, K, N) -> tuple[Phase, ...]:
     """y = x · Wᵀ for one float32 vector x (K,) and W (N, K) in NumPy (its BLAS on all cores): the weight's bytes
-    at the GEMV rate measured for where they lie (the cache or DRAM)."""
+    at the GEMV rate measured for where they lie (the cache or DRAM, by the all-core curve)."""
     _check(K=K, N=N)
     w_bytes = 4 * K * N
-    return (Phase("gemv", w_bytes / _by_level(rates, rates.gemv_fp32_llc, rates.gemv_fp32_dram, w_bytes), "read",
-                  rates.threads, flops=2 * K * N, bytes=w_bytes),)
+    rate = _by_level(rates, rates.gemv_fp32_llc, rates.gemv_fp32_dram, w_bytes, all_cores=True)
+    return (Phase("gemv", w_bytes / rate, "read", rates.threads, flops=2 * K * N, bytes=w_bytes),)
 
 
 def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]:
@@ -451,6 +458,6 @@ def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]
         dram = min(rates.int8_gemv_one_llc, rates.read_one_dram)
         read_s = w_bytes / _by_level(rates, rates.int8_gemv_one_llc, dram, w_bytes)
     else:
-        read_s = w_bytes / _by_level(rates, rates.int8_gemv_llc, rates.int8_gemv_dram, w_bytes)
+        read_s = w_bytes / _by_level(rates, rates.int8_gemv_llc, rates.int8_gemv_dram, w_bytes, all_cores=True)
     return (Phase("int8_gemv", read_s, "read", threads, flops=2 * K * N, bytes=w_bytes),
             Phase("call", rates.int8_call_s + (rates.launch_s if threads > 1 else 0.0), "call", 1))

@@ -29,7 +29,8 @@ RATES = PhaseRates(
     gemv_fp32_dram=20e9, step_fp32_dram=18e9, step_int8_dram=22e9,
     int8_gemv_llc=35e9, int8_gemv_dram=21e9, int8_gemv_one_llc=24e9,
     launch_s=50e-6, attention_call_s=100e-6, int8_call_s=20e-6, gemm_d=64, block_br=512, block_bc=512,
-    llc_curve_bytes=(4 * 2**20, 32 * 2**20, 128 * 2**20), llc_curve_fraction=(1.0, 0.5, 0.0))
+    llc_curve_bytes=(4 * 2**20, 32 * 2**20, 128 * 2**20), llc_curve_fraction=(1.0, 0.5, 0.0),
+    llc_curve_all_fraction=(1.0, 0.8, 0.0))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -61,6 +62,8 @@ def test_cache_fraction_runs_from_the_cache_to_dram():
     fractions = [phases.cache_fraction(RATES, s) for s in sizes]
     assert fractions[0] == fractions[1] == 1.0 and fractions[-2] == fractions[-1] == 0.0
     assert fractions == sorted(fractions, reverse=True) and fractions[3] == 0.5
+    # work on all threads reads the all-core curve
+    assert phases.cache_fraction(RATES, 32 * 2**20, all_cores=True) == 0.8
     # a pass's rate lies between its two measured ends
     for s in sizes:
         assert RATES.exp_dram <= phases.pass_rate(RATES, "exp", s) <= RATES.exp_llc
@@ -155,7 +158,7 @@ def test_int8_gemv_pays_a_quarter_of_the_bytes_and_its_call():
     # one region's launch on top of the call
     mid = phases.int8_gemv_phases(RATES, 4096, 4096)
     assert mid[0].threads == RATES.threads
-    f = phases.cache_fraction(RATES, 4096 * 4096 + 4 * 4096)  # 16 MiB: two thirds of the way to the cache
+    f = phases.cache_fraction(RATES, 4096 * 4096 + 4 * 4096, all_cores=True)  # 16 MiB: mostly cache
     assert 0 < f < 1
     assert mid[0].seconds == pytest.approx((4096 * 4096 + 4 * 4096) / (RATES.int8_gemv_dram ** (1 - f)
                                                                          * RATES.int8_gemv_llc ** f))
@@ -168,7 +171,8 @@ def test_int8_gemv_pays_a_quarter_of_the_bytes_and_its_call():
     expected = RATES.read_one_dram ** (1 - f) * RATES.int8_gemv_one_llc ** f
     assert small[0].seconds == pytest.approx(w_small / expected)
     # a call on the calling thread from DRAM (a machine with a small cache): at most one core's read rate
-    tiny_cache = dataclasses.replace(RATES, llc_curve_bytes=(2**20, 2**21), llc_curve_fraction=(1.0, 0.0))
+    tiny_cache = dataclasses.replace(RATES, llc_curve_bytes=(2**20, 2**21), llc_curve_fraction=(1.0, 0.0),
+                                     llc_curve_all_fraction=(1.0, 0.0))
     far = phases.int8_gemv_phases(tiny_cache, 2048, 2048)
     assert far[0].seconds == pytest.approx((2048 * 2048 + 4 * 2048) / RATES.read_one_dram)
 
@@ -186,9 +190,10 @@ def test_sizes_are_checked(bad):
 # runs in a fresh process (no BLAS threads left spinning by earlier tests) and calibrates and measures right after
 # one another. The calibration's rates are the best of their repeats (as STREAM reports its best run), so each call
 # is timed as the best of 7 (of 3 at N = 4096) too: under a steady load from other processes a median of the calls
-# against best-case rates would be off by the load, not by the model. When a row misses (a burst from another process during the
-# calibration or the calls), it calibrates again, keeps each rate's best of both calibrations and each call's best
-# time, and predicts every row again (twice at most): both sides tend to the machine without the other processes.
+# against best-case rates would be off by the load, not by the model. When a row misses (a burst from another
+# process during the calibration or the calls), it calibrates again, keeps each rate's best of both calibrations
+# and each call's best time, and predicts every row again (twice at most): both sides tend to the machine without
+# the other processes.
 VALIDATION = textwrap.dedent("""
     import json, sys
     import numpy as np
@@ -217,7 +222,8 @@ VALIDATION = textwrap.dedent("""
         # each rate's best of two calibrations (the fastest rate, the shortest fixed cost): both tend to this
         # machine without the other processes, as the best of the repeated calls does
         seconds = {"launch_s", "attention_call_s", "int8_call_s", "row_step_s", "calibration_s"}
-        keep = {"threads", "llc_bytes", "llc_curve_bytes", "llc_curve_fraction", "gemm_d", "block_br", "block_bc"}
+        keep = {"threads", "llc_bytes", "llc_curve_bytes", "llc_curve_fraction", "llc_curve_all_fraction", "gemm_d",
+                "block_br", "block_bc"}
         return a.replace(**{f: (min if f in seconds else max)(getattr(a, f), getattr(b, f))
                             for f in a.__dataclass_fields__ if f not in keep})
 
