@@ -144,21 +144,23 @@ def llc_curve(buffer, l2_bytes: int) -> tuple[float, tuple, tuple]:
     return llc, tuple(sizes), fractions
 
 
-def llc_curve_all(buffer, sizes, threads: int) -> tuple:
+def llc_curve_all(buffer, sizes, threads: int, l2_bytes: int) -> tuple:
     """The all-core counterpart of ``llc_curve``'s fractions at its ``sizes``: the read rate of all threads over
-    each slice (``_read_sweeps``, about 256 MiB read per timing), placed on a log scale between the fastest (the
-    cache; every smaller size counts as cache too) and the last (DRAM). All cores keep more of a slice in the
-    shared cache than one core does (on the 2-vCPU Xeon VM 64 MiB read at 46 GB/s on both cores, 37 from DRAM,
-    while one core's rate there was half-way down)."""
+    each slice (``_read_sweeps``, about 256 MiB read per timing), placed on a log scale between the fastest beyond
+    the threads' L2s (2·L2 per thread, as ``llc_curve`` starts beyond one core's: the shared cache; smaller sizes
+    count as cache too) and the last (DRAM). All cores keep more of a slice in the shared cache than one core does
+    (on the 2-vCPU Xeon VM 64 MiB read at 46 GB/s on both cores, 37 from DRAM, while one core's rate there was
+    half-way down)."""
     rates = []
     for size in sizes:
         part = buffer[:int(size) // 4]
         sweeps = max(1, 2**28 // part.nbytes)
         rates.append(sweeps * part.nbytes / _best(lambda part=part, sweeps=sweeps: _read_sweeps(part, threads,
                                                                                                  sweeps), repeats=2))
-    if len(rates) < 2:
+    shared = [i for i, size in enumerate(sizes) if size >= 2 * l2_bytes * threads]
+    if len(shared) < 2:
         return (1.0,) * len(rates)
-    top = rates.index(max(rates))
+    top = max(shared, key=lambda i: rates[i])
     span = math.log(rates[top] / rates[-1]) or 1.0
     return tuple(1.0 if i <= top else min(1.0, max(0.0, math.log(r / rates[-1]) / span))
                  for i, r in enumerate(rates))
@@ -418,7 +420,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values = {"threads": threads}
     values["read_all"] = read_bandwidth_of(buffer, repeats=3)
     values["llc_bytes"], values["llc_curve_bytes"], values["llc_curve_fraction"] = llc_curve(buffer, l2)
-    values["llc_curve_all_fraction"] = llc_curve_all(buffer, values["llc_curve_bytes"], threads)
+    values["llc_curve_all_fraction"] = llc_curve_all(buffer, values["llc_curve_bytes"], threads, l2)
     # NumPy's BLAS first, then an idle pause: its threads spin for ~0.1 s after a call (OpenBLAS's THREAD_TIMEOUT)
     # and would take the cores from every measurement after it, this calibration's and the caller's
     values.update(gemv_rates(buffer, values["llc_bytes"]))
