@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
 from . import _numba_cpu
@@ -65,11 +64,12 @@ def _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads):
 
 def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=None, causal=False) -> int:
     """Bytes the CPU flash kernel allocates for (B, Hq, Nq, d) queries and (B, Hkv, Nk, d) keys in a dtype of
-    ``elem_bytes`` bytes, output included: o and lse, the split-KV partial results, and each running task's tiles.
+    ``elem_bytes`` bytes, output included: o and lse, the split-KV partial results, and each worker's tiles.
 
     A task holds Q_i, O_i and the P·V product (rows × d each), S and P (rows × Bc each) and m_i, l_i, alpha
-    (rows each), rows = (Hq / Hkv) · Br (``flash_forward`` in ``_numba_cpu.py``); at most one task per thread runs
-    at a time. This is the O(N·d) of FlashAttention, against the O(N²) of the standard algorithm's S and P.
+    (rows each), rows = (Hq / Hkv) · Br (``flash_forward`` in ``_numba_cpu.py``); one set per worker, one worker
+    per thread that has a task. This is the O(N·d) of FlashAttention, against the O(N²) of the standard algorithm's
+    S and P.
     ``causal`` as the call's: a small call runs on one thread (``call_threads``), with one task's tiles.
     """
     B, Hq, Nq, d = q_shape
@@ -79,15 +79,20 @@ def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=No
     task_elems = _numba_cpu.task_elements((Hq // Hkv) * Br, Bc, d)
     out_elems = B * Hq * Nq * (d + 1)  # o and lse
     split_elems = n_splits * out_elems if n_splits > 1 else 0
-    return (out_elems + split_elems + threads * task_elems) * elem_bytes
+    return (out_elems + split_elems + _workers(threads, tasks) * task_elems) * elem_bytes
+
+
+def _workers(threads, tasks):
+    """Workers of a flash call, one per thread it can keep busy: each holds one set of tiles (``flash_forward``)."""
+    return max(1, min(threads, tasks))
 
 
 def _flash(q, k, v, scale, causal, block_q, block_k):
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    Br, Bc, n_splits, _ = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k,
-                                      call_threads(q.shape, k.shape, causal))
-    # everything it allocates, output, split results and each thread's tiles, before any of it (huge block sizes
+    threads = call_threads(q.shape, k.shape, causal)
+    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k, threads)
+    # everything it allocates, output, split results and each worker's tiles, before any of it (huge block sizes
     # made the kernel's own allocation fail inside the parallel loop: a SystemError around a MemoryError)
     ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k, causal=causal),
                 f"attention(algorithm='flash') with tiles Br={Br}, Bc={Bc} ({n_splits} key splits)",
@@ -100,13 +105,13 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     else:
         o_part = np.empty((1, 1, 1, 1, 1), dtype=q.dtype)  # unused by the kernel when n_splits == 1
         lse_part = np.empty((1, 1, 1, 1), dtype=q.dtype)
-    # each thread's tiles in one allocation per call, not one per task: glibc returns a freed block of a few MiB
+    # the workers' tiles in one allocation per call, not one per task: glibc returns a freed block of a few MiB
     # to the kernel when the heap's free top exceeds its trim threshold (2 × the mmap threshold, 128 KiB at first;
     # malloc/malloc.c, "M_TRIM_THRESHOLD"), so tiles allocated in the loop were faulted in again by every task of
     # a fresh process (measured with getrusage on a 2-vCPU Xeon, H = 8, N = 512: 4100 minor faults and 5.9 ms per
     # call, against none and 3.9 ms once an earlier free had raised the thresholds). One block below 32 MiB
     # comes back from the heap mapped from the second call on (``standard_forward`` says why).
-    work = np.empty((numba.get_num_threads(), _numba_cpu.task_elements((Hq // Hkv) * Br, Bc, d)), dtype=q.dtype)
+    work = np.empty((_workers(threads, tasks), _numba_cpu.task_elements((Hq // Hkv) * Br, Bc, d)), dtype=q.dtype)
     with single_threaded_blas():
         _numba_cpu.flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, work)
     if n_splits > 1:

@@ -68,128 +68,132 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
     """FlashAttention-2 forward over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v.
 
     Writes o (B, Hq, Nq, d) and lse (B, Hq, Nq). With n_splits > 1 each task covers one share of the keys and
-    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them. ``work``: each thread's
-    tiles, (threads, ``task_elements(rows, Bc, d)``) in q's dtype, rows = (Hq / Hkv) · Br.
+    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them. ``work``: the tiles of
+    each of its workers (n_workers, ``task_elements(rows, Bc, d)``) in q's dtype, rows = (Hq / Hkv) · Br; the
+    tasks are split into n_workers equal contiguous runs, one per worker.
     """
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv  # query heads per kv head (GQA); they share every K/V tile loaded below
     Tr = (Nq + Br - 1) // Br
     offset = Nk - Nq  # bottom-right causal alignment: query i sees keys j <= i + offset
-    for task in prange(B * Hkv * Tr * n_splits):
-        split = task % n_splits
-        ib = (task // n_splits) % Tr
-        hk = (task // (n_splits * Tr)) % Hkv
-        b = task // (n_splits * Tr * Hkv)
-        r0 = ib * Br
-        br = min(Br, Nq - r0)
-        # keys this query block may see: all, or up to the last row's diagonal (causal blocks above it skipped)
-        kend = Nk
-        if causal:
-            kend = max(0, min(Nk, r0 + br + offset))
-        # this split's share of [0, kend), in whole blocks of Bc
-        Tc = (kend + Bc - 1) // Bc
-        per_split = (Tc + n_splits - 1) // n_splits
-        k0 = min(kend, split * per_split * Bc)
-        k1 = min(kend, (split + 1) * per_split * Bc)
+    n_tasks = B * Hkv * Tr * n_splits
+    n_workers = work.shape[0]
+    per = (n_tasks + n_workers - 1) // n_workers  # equal contiguous runs of tasks, as a static schedule
+    for worker in prange(n_workers):
+        w = work[worker]  # this worker's tiles, reused by each of its tasks (``_flash`` in ``_api.py``)
+        for task in range(worker * per, min(n_tasks, (worker + 1) * per)):
+            split = task % n_splits
+            ib = (task // n_splits) % Tr
+            hk = (task // (n_splits * Tr)) % Hkv
+            b = task // (n_splits * Tr * Hkv)
+            r0 = ib * Br
+            br = min(Br, Nq - r0)
+            # keys this query block may see: all, or up to the last row's diagonal (causal blocks above it skipped)
+            kend = Nk
+            if causal:
+                kend = max(0, min(Nk, r0 + br + offset))
+            # this split's share of [0, kend), in whole blocks of Bc
+            Tc = (kend + Bc - 1) // Bc
+            per_split = (Tc + n_splits - 1) // n_splits
+            k0 = min(kend, split * per_split * Bc)
+            k1 = min(kend, (split + 1) * per_split * Bc)
 
-        # GQA packing: the query blocks of the group's heads are stacked as the rows of one tile, so that each
-        # K/V tile is read once for all of them and the block matmuls are group times taller (row r is query
-        # r0 + r % br of head hk·group + r // br)
-        rows = group * br
-        # this thread's tiles, reused by each task it runs (``_flash`` in ``_api.py`` says why not one set per task)
-        w = work[numba.get_thread_id()]
-        q_i = w[:rows * d].reshape((rows, d))  # Q_i, (rows, d)
-        for g in range(group):
-            q_i[g * br:(g + 1) * br] = q[b, hk * group + g, r0:r0 + br]
-        o_acc = w[rows * d:2 * rows * d].reshape((rows, d))  # unnormalized output O_i
-        o_acc[:] = 0.0
-        pv = w[2 * rows * d:3 * rows * d].reshape((rows, d))
-        at = 3 * rows * d
-        s_buf = w[at:at + rows * Bc]
-        p_buf = w[at + rows * Bc:at + 2 * rows * Bc]
-        at += 2 * rows * Bc
-        m_i = w[at:at + rows]  # running reference maximum of S (unscaled); -inf: none yet
-        m_i[:] = -np.inf
-        l_i = w[at + rows:at + 2 * rows]  # running sum of exp(scale·(S − m_i))
-        l_i[:] = 0.0
-        alpha = w[at + 2 * rows:at + 3 * rows]
-        for c0 in range(k0, k1, Bc):
-            bc = min(Bc, k1 - c0)
-            k_j = k[b, hk, c0:c0 + bc]  # (bc, d)
-            v_j = v[b, hk, c0:c0 + bc]  # (bc, d)
-            on_diagonal = causal and c0 + bc - 1 > r0 + offset  # some row of the block must not see some key
-            # masked P entries are 0, and 0·v = 0 unless v is NaN or inf: only then must P·V skip masked keys
-            masked_v_nonfinite = on_diagonal and not _all_finite(v_j)
-            s = s_buf[:rows * bc].reshape((rows, bc))
-            p = p_buf[:rows * bc].reshape((rows, bc))
-            np.dot(q_i, k_j.T, s)  # S_ij = Q_i K_jᵀ, (rows, bc), unscaled
-            for r in range(rows):
-                n_vis = bc
-                if on_diagonal:
-                    n_vis = max(0, min(bc, r0 + r % br + offset - c0 + 1))
-                s_row, p_row = s[r], p[r]
-                if n_vis == 0:
-                    p_row[:] = 0.0
-                    alpha[r] = 1.0
-                    continue
-                # online softmax: P_ij = exp(scale·(S_ij − m)), against the running maximum m of earlier blocks
-                # (m_i is read back after each store, so that exp and alpha see the same rounded value)
-                m_old = m_i[r]
-                if m_old == -np.inf:  # no reference yet (the row's first block with a score above -inf)
-                    m_block = row_max(s_row, n_vis, -np.inf)
-                    if m_block == -np.inf:
-                        # every visible score is -inf (zero weight: as if masked) or NaN: the block adds nothing,
-                        # but a NaN poisons the row (sum and output), as in the oracle
-                        nan = _has_nan(s_row, n_vis)
-                        p_row[:] = np.nan if nan else 0.0
-                        if nan:
-                            l_i[r] = np.nan
+            # GQA packing: the query blocks of the group's heads are stacked as the rows of one tile, so that each
+            # K/V tile is read once for all of them and the block matmuls are group times taller (row r is query
+            # r0 + r % br of head hk·group + r // br)
+            rows = group * br
+            q_i = w[:rows * d].reshape((rows, d))  # Q_i, (rows, d)
+            for g in range(group):
+                q_i[g * br:(g + 1) * br] = q[b, hk * group + g, r0:r0 + br]
+            o_acc = w[rows * d:2 * rows * d].reshape((rows, d))  # unnormalized output O_i
+            o_acc[:] = 0.0
+            pv = w[2 * rows * d:3 * rows * d].reshape((rows, d))
+            at = 3 * rows * d
+            s_buf = w[at:at + rows * Bc]
+            p_buf = w[at + rows * Bc:at + 2 * rows * Bc]
+            at += 2 * rows * Bc
+            m_i = w[at:at + rows]  # running reference maximum of S (unscaled); -inf: none yet
+            m_i[:] = -np.inf
+            l_i = w[at + rows:at + 2 * rows]  # running sum of exp(scale·(S − m_i))
+            l_i[:] = 0.0
+            alpha = w[at + 2 * rows:at + 3 * rows]
+            for c0 in range(k0, k1, Bc):
+                bc = min(Bc, k1 - c0)
+                k_j = k[b, hk, c0:c0 + bc]  # (bc, d)
+                v_j = v[b, hk, c0:c0 + bc]  # (bc, d)
+                on_diagonal = causal and c0 + bc - 1 > r0 + offset  # some row of the block must not see some key
+                # masked P entries are 0, and 0·v = 0 unless v is NaN or inf: only then must P·V skip masked keys
+                masked_v_nonfinite = on_diagonal and not _all_finite(v_j)
+                s = s_buf[:rows * bc].reshape((rows, bc))
+                p = p_buf[:rows * bc].reshape((rows, bc))
+                np.dot(q_i, k_j.T, s)  # S_ij = Q_i K_jᵀ, (rows, bc), unscaled
+                for r in range(rows):
+                    n_vis = bc
+                    if on_diagonal:
+                        n_vis = max(0, min(bc, r0 + r % br + offset - c0 + 1))
+                    s_row, p_row = s[r], p[r]
+                    if n_vis == 0:
+                        p_row[:] = 0.0
                         alpha[r] = 1.0
                         continue
-                    m_i[r] = m_block
-                row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
-                if not row_sum <= RESCALE_LIMIT:  # a new score beats the maximum by far (or inf): move m_i
-                    m_i[r] = max(m_i[r], row_max(s_row, n_vis, -np.inf))
+                    # online softmax: P_ij = exp(scale·(S_ij − m)), against the running maximum m of earlier blocks
+                    # (m_i is read back after each store, so that exp and alpha see the same rounded value)
+                    m_old = m_i[r]
+                    if m_old == -np.inf:  # no reference yet (the row's first block with a score above -inf)
+                        m_block = row_max(s_row, n_vis, -np.inf)
+                        if m_block == -np.inf:
+                            # every visible score is -inf (zero weight: as if masked) or NaN: the block adds nothing,
+                            # but a NaN poisons the row (sum and output), as in the oracle
+                            nan = _has_nan(s_row, n_vis)
+                            p_row[:] = np.nan if nan else 0.0
+                            if nan:
+                                l_i[r] = np.nan
+                            alpha[r] = 1.0
+                            continue
+                        m_i[r] = m_block
                     row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
-                p_row[n_vis:] = 0.0
-                # rescale factor of the old state: exp(scale·(m_old − m_new)); 0 after no reference, 1 if m stays
-                alpha[r] = math.exp((m_old - m_i[r]) * scale)
-                l_i[r] = alpha[r] * l_i[r] + row_sum
-            # O_i ← diag(alpha) O_i + P_ij V_j
-            if masked_v_nonfinite:
-                # row by row over the visible keys only, so that a NaN in a masked v row stays out
-                for r in range(rows):
-                    n_vis = max(0, min(bc, r0 + r % br + offset - c0 + 1))
-                    for c in range(d):
-                        o_acc[r, c] *= alpha[r]
-                    for jj in range(n_vis):
-                        pij = p[r, jj]
+                    if not row_sum <= RESCALE_LIMIT:  # a new score beats the maximum by far (or inf): move m_i
+                        m_i[r] = max(m_i[r], row_max(s_row, n_vis, -np.inf))
+                        row_sum = exp_row(s_row, p_row, n_vis, m_i[r], scale)
+                    p_row[n_vis:] = 0.0
+                    # rescale factor of the old state: exp(scale·(m_old − m_new)); 0 after no reference, 1 if m stays
+                    alpha[r] = math.exp((m_old - m_i[r]) * scale)
+                    l_i[r] = alpha[r] * l_i[r] + row_sum
+                # O_i ← diag(alpha) O_i + P_ij V_j
+                if masked_v_nonfinite:
+                    # row by row over the visible keys only, so that a NaN in a masked v row stays out
+                    for r in range(rows):
+                        n_vis = max(0, min(bc, r0 + r % br + offset - c0 + 1))
                         for c in range(d):
-                            o_acc[r, c] += pij * v_j[jj, c]
-            else:
-                np.dot(p, v_j, pv)  # (rows, d)
-                for r in range(rows):
-                    for c in range(d):
-                        o_acc[r, c] = alpha[r] * o_acc[r, c] + pv[r, c]
+                            o_acc[r, c] *= alpha[r]
+                        for jj in range(n_vis):
+                            pij = p[r, jj]
+                            for c in range(d):
+                                o_acc[r, c] += pij * v_j[jj, c]
+                else:
+                    np.dot(p, v_j, pv)  # (rows, d)
+                    for r in range(rows):
+                        for c in range(d):
+                            o_acc[r, c] = alpha[r] * o_acc[r, c] + pv[r, c]
 
-        # epilogue: O = diag(l_i)^-1 O_i, lse = scale·m_i + log l_i; a row that saw no key, or only scores of
-        # -inf, gives 0 and -inf
-        for r in range(rows):
-            h = hk * group + r // br
-            row = r0 + r % br
-            if n_splits == 1:
-                out, out_lse = o[b, h, row], lse[b, h]
-            else:
-                out, out_lse = o_part[split, b, h, row], lse_part[split, b, h]
-            if l_i[r] == 0.0:
-                out[:] = 0.0
-                out_lse[row] = -np.inf
-            else:  # l_i > 0, or NaN, which propagates
-                inv = 1.0 / l_i[r]
-                for c in range(d):
-                    out[c] = o_acc[r, c] * inv
-                out_lse[row] = m_i[r] * scale + math.log(l_i[r])
+            # epilogue: O = diag(l_i)^-1 O_i, lse = scale·m_i + log l_i; a row that saw no key, or only scores of
+            # -inf, gives 0 and -inf
+            for r in range(rows):
+                h = hk * group + r // br
+                row = r0 + r % br
+                if n_splits == 1:
+                    out, out_lse = o[b, h, row], lse[b, h]
+                else:
+                    out, out_lse = o_part[split, b, h, row], lse_part[split, b, h]
+                if l_i[r] == 0.0:
+                    out[:] = 0.0
+                    out_lse[row] = -np.inf
+                else:  # l_i > 0, or NaN, which propagates
+                    inv = 1.0 / l_i[r]
+                    for c in range(d):
+                        out[c] = o_acc[r, c] * inv
+                    out_lse[row] = m_i[r] * scale + math.log(l_i[r])
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)

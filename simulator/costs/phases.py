@@ -40,6 +40,12 @@ else:  # pragma: no cover - Python 3.10
 # allocation per size: the standard algorithm keeps S and P in one (``kernels/attn/_standard.py`` says why).
 MMAP_THRESHOLD_MAX = 32 * 2**20
 
+
+def _faulted_in(allocation_bytes) -> bool:
+    """Whether a block allocated on every call is faulted in on every call: at or above glibc's mmap ceiling."""
+    return allocation_bytes >= MMAP_THRESHOLD_MAX
+
+
 # (field, unit factor for the TOML file, unit) in the order the file lists them
 _FIELDS = (
     ("threads", 1, ""), ("llc_bytes", 2**20, "MiB"),
@@ -241,7 +247,7 @@ def _new_array(rates, name, read_bytes, new_bytes, allocation_bytes=None):
     """A one-core pass that reads ``read_bytes`` and writes ``new_bytes`` of an allocation of ``allocation_bytes``
     (by default ``new_bytes``) made for this call: fresh pages at or above the mmap threshold, else heap memory
     already mapped (the rate of a pass into another array)."""
-    if (allocation_bytes or new_bytes) >= MMAP_THRESHOLD_MAX:
+    if _faulted_in(allocation_bytes or new_bytes):
         return Phase(name, (read_bytes + new_bytes) / rates.fresh_dram, "fresh", 1, bytes=read_bytes + new_bytes)
     return _pass(rates, name, "into", read_bytes + new_bytes, read_bytes + new_bytes)
 
@@ -253,8 +259,7 @@ def _gemm(rates, name, flops, rate, read_bytes, write_bytes=0, new_bytes=0, allo
     when their allocation (``allocation_bytes``, by default ``new_bytes``) is at or above the mmap threshold, plus
     one launch."""
     memory_s = read_bytes / rates.read_all + write_bytes / rates.write_all
-    fresh = (allocation_bytes or new_bytes) >= MMAP_THRESHOLD_MAX
-    faults_s = new_bytes / rates.first_touch_all if fresh else 0.0
+    faults_s = new_bytes / rates.first_touch_all if _faulted_in(allocation_bytes or new_bytes) else 0.0
     return Phase(name, flops / rate + memory_s + faults_s + rates.launch_s, "gemm", rates.threads,
                  flops=flops, bytes=read_bytes + write_bytes)
 
@@ -359,7 +364,7 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
     """The phases of ``kernels.attention(algorithm="flash")`` on the CPU (``kernels/attn/_numba_cpu.py``) with
     tiles Br × Bc (``kernels.attn.default_blocks``): the block matmuls ("qk", "pv"), the exps and the first
     block's row max ("softmax") and the rescale of O_i ("rescale"), as the slowest thread runs them; the K/V
-    traffic when it is longer ("read"); the page faults of the threads' tiles, one allocation per call
+    traffic when it is longer ("read"); the page faults of the workers' tiles, one allocation per call
     (``kernels/attn/_api.py``), when it is at or above the mmap threshold ("tiles"); and the measured fixed cost
     of one call ("call"), plus the merge's launch when the keys are split."""
     _check(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, Br=Br, Bc=Bc, elem_bytes=elem_bytes)
@@ -386,10 +391,10 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
                    if order[t * chunk:(t + 1) * chunk]), key=lambda w: w[0] / rates.gemm_block + w[1] /
                   rates.exp_block + w[2] / rates.max_block + w[3] / rates.fma_block + w[4] * rates.row_step_s)
     flops, exps, maxes, fmas, row_blocks = slowest
-    # each of the call's threads has Q_i, O_i, P·V (rows × d), S and P (rows × Bc) and m_i, l_i, alpha (rows),
-    # rows = group·Br (``kernels.attn._numba_cpu.task_elements``), all in one new array
-    tiles = all_threads * elem_bytes * (3 * group * Br * d + 2 * group * Br * Bc + 3 * group * Br)
-    tiles_s = tiles / rates.first_touch_all if tiles >= MMAP_THRESHOLD_MAX else 0.0
+    # each worker (one per thread that has a task) has Q_i, O_i, P·V (rows × d), S and P (rows × Bc) and m_i, l_i,
+    # alpha (rows), rows = group·Br (``kernels.attn._numba_cpu.task_elements``), all in one new array
+    tiles = threads * elem_bytes * (3 * group * Br * d + 2 * group * Br * Bc + 3 * group * Br)
+    tiles_s = tiles / rates.first_touch_all if _faulted_in(tiles) else 0.0
     compute = [Phase("qk", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),
                Phase("softmax", exps / rates.exp_block + maxes / rates.max_block, "exp", threads, exps=exps),
                Phase("pv", flops / 2 / rates.gemm_block, "gemm", threads, flops=flops / 2),

@@ -407,7 +407,7 @@ _FAULTS = textwrap.dedent("""
                     reason="the page-fault count follows glibc's malloc on Linux")
 @pytest.mark.parametrize("algorithm", ["standard", "flash"])
 def test_repeated_calls_in_a_fresh_process_find_their_memory_mapped(algorithm):
-    # S and P of the standard algorithm (2 × 8 MiB here), the flash kernel's tiles (2.4 MiB per thread): one
+    # S and P of the standard algorithm (2 × 8 MiB here), the flash kernel's tiles (2.4 MiB per worker): one
     # allocation per call below glibc's 32 MiB mmap ceiling, mapped again from the second call on. Allocated as
     # two arrays, or per task, glibc trimmed them and they were faulted in again on every call: 1000 faults per
     # call for S and P, 4100 for the tiles, and at least 8 (2 MiB huge pages) for 16 MiB.

@@ -124,13 +124,17 @@ def test_flash_phases_follow_the_work():
 
 
 def test_flash_tiles_fault_in_only_when_all_threads_tiles_reach_the_mmap_threshold():
-    # one allocation per call of every thread's tiles: 2.4 MiB each at Br = Bc = 512, d = 64 (float32)
+    # one allocation per call of every worker's tiles (a worker per thread: 128 tasks here), 2.4 MiB each at
+    # Br = Bc = 512, d = 64 (float32)
+    from kernels.attn._numba_cpu import task_elements
+
     tiles = {}
     for threads in (8, 16):
         rates = dataclasses.replace(RATES, threads=threads)
         tiles[threads] = next(p for p in phases.flash_phases(rates, 1, 16, 16, 4096, 4096, 64, Br=512, Bc=512)
                               if p.name == "tiles")
     per_thread = 4 * (3 * 512 * 64 + 2 * 512 * 512 + 3 * 512)
+    assert per_thread == 4 * task_elements(512, 512, 64)  # the kernel's tiles, which the cost model restates
     assert tiles[8].seconds == 0.0  # 19 MiB: heap memory, mapped from the second call on
     assert tiles[16].seconds == pytest.approx(16 * per_thread / RATES.first_touch_all)  # 38 MiB: fresh pages
 
