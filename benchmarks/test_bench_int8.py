@@ -6,6 +6,15 @@ fresh processes taken in turn with ours (torch keeps an OpenMP pool of its own).
 GB/s = weight bytes / t (the weights dominate a GEMV's traffic); GOP/s = 2·M·K·N / t. Each int8 row also gives
 its ratio to NumPy's float32 product timed interleaved with it in the same test (``vs_numpy``: NumPy's median
 time over int8's), beside the target of issue 17 (GEMM >= 2x sgemm, GEMV >= 3x the float32 GEMV).
+
+``test_gemv_streamed_as_in_decode`` times the GEMV as a decode step meets it: one call after another, each on the
+weights of another layer, as many layers as fill twice the largest cache the OS reports, so that every call reads
+its weights from memory and the threads are never idle between calls. The interleaved ratio above instead pauses
+``SETTLE_S`` before every call, and a call after a pause is slower for reasons outside the kernel: its data come
+back cold, and on a VM whose guest kernel packs runnable threads onto few vCPUs (``sched_vcpu_pack`` on the
+2-vCPU Xeon used here) the woken worker first shares the caller's vCPU. There a 64 MiB read by two Numba threads
+took 3.5-4.5 ms after 0.3 s of sleep against 2.4-2.7 ms with the threads pinned to their vCPUs
+(``OMP_PROC_BIND=true``) or spinning (``OMP_WAIT_POLICY=active``); OpenBLAS's two threads were not delayed.
 """
 from __future__ import annotations
 
@@ -16,8 +25,10 @@ import pytest
 
 from kernels.cpuinfo import cpu_model
 from kernels.int8 import Int8Linear, int8_matmul_reference
+from kernels.int8 import Int8Weight
 from kernels.int8 import _api as int8_api
-from simulator.measure import SETTLE_S
+from simulator.calibrate import dram_test_bytes
+from simulator.measure import SETTLE_S, WARM_S
 
 from helpers import alternate_in_fresh_processes, p90
 
@@ -97,3 +108,56 @@ def test_int8_against_torch_dynamic_int8(benchmark, record, shape_name):
                     f"{name}_mean_rel_err": f"{rel_err:.2e}"})
     row["ioaware_speedup"] = f"{timings['torch-int8-dynamic'][0] / timings['ioaware-int8'][0]:.2f}"
     record(row)
+
+
+def _rotation(layers):
+    """A call that runs the next of ``layers`` (callables) each time: one layer's weights after another's."""
+    turn = iter(range(10**12))
+    return lambda: layers[next(turn) % len(layers)]()
+
+
+def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
+    """int8 and float32 GEMVs of 8192² on distinct copies of the weights, called in turn (see the module notes);
+    the two kinds measured alternately in ``rounds`` blocks, each after a settle and a warm-up of its own."""
+    m, k, n = GEMV
+    x, w = _inputs(m, k, n, seed=k + m)
+    layer = Int8Linear.from_float(w)
+    np.testing.assert_allclose(layer(x), int8_matmul_reference(x, w), rtol=1e-4, atol=1e-3)
+    total = dram_test_bytes()  # every kind's copies together: twice the largest cache the OS reports
+    weight = layer.weight
+    int8_layers = [layer] + [Int8Linear(Int8Weight(weight.w_i8.copy(), weight.absmax, None, weight.w_row_sums))
+                             for _ in range(max(2, -(-total // weight.w_i8.nbytes)) - 1)]
+    float_weights = [w] + [w.copy() for _ in range(max(2, -(-total // w.nbytes)) - 1)]
+    calls = {"int8": _rotation([lambda lay=lay: lay(x) for lay in int8_layers]),
+             "numpy-float32": _rotation([lambda wf=wf: x @ wf.T for wf in float_weights])}
+    samples = {name: [] for name in calls}
+
+    def measure():
+        for _ in range(5):  # rounds: the two kinds in turn, so that a drift of the machine's bandwidth hits both
+            for name, call in calls.items():
+                samples[name] += _samples(call, 2 * len(int8_layers) if name == "int8" else 3 * len(float_weights))
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    medians = {name: float(np.median(v)) for name, v in samples.items()}
+    for name, nbytes in (("int8", weight.w_i8.nbytes), ("numpy-float32", w.nbytes)):
+        record({"bench": "int8-gemv-streamed", "impl": name, "M": m, "K": k, "N": n,
+                "copies": len(int8_layers) if name == "int8" else len(float_weights),
+                "median_ms": f"{medians[name] * 1e3:.3f}", "p90_ms": f"{p90(samples[name]) * 1e3:.3f}",
+                "weight_GB/s": f"{nbytes / medians[name] / 1e9:.1f}", "read_GB/s": f"{machine_peaks['read_gbps']:.1f}",
+                **({"vs_numpy": f"{medians['numpy-float32'] / medians['int8']:.2f}x", "target": f">={TARGET['gemv']:.0f}x",
+                    "path": "vpdpbusd" if int8_api.USE_VNNI else "loop", "cpu": cpu_model()} if name == "int8" else {})})
+
+
+def _samples(call, repeats):
+    """Seconds of ``repeats`` calls, after a settle of ``SETTLE_S`` and ``WARM_S`` of untimed calls (as
+    ``simulator.measure.time_call`` does)."""
+    time.sleep(SETTLE_S)
+    start = time.perf_counter()
+    while time.perf_counter() - start < WARM_S:
+        call()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - start)
+    return out
