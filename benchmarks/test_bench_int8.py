@@ -13,7 +13,7 @@ its weights from memory and the threads are never idle between calls. The interl
 ``SETTLE_S`` before every call, and a call after a pause is slower for reasons outside the kernel: its data come
 back cold, and on the 2-vCPU Xeon VM used here the woken worker first shares the caller's vCPU for about a
 millisecond (its guest kernel is booted with ``sched_vcpu_pack``, which packs runnable threads onto few vCPUs;
-pinning the threads removes the delay). A 64 MiB read by two Numba threads after 0.3 s of sleep: median 3.6 ms
+pinning the threads removes most of the delay). A 64 MiB read by two Numba threads after 0.3 s of sleep: median 3.6 ms
 (p90 4.5) with the pool's passive wait, 2.65 ms with the threads pinned (``OMP_PROC_BIND=true``), 2.37 ms with
 spinning workers (``OMP_WAIT_POLICY=active``); rdtsc stamps showed one thread starting 0.7-1.5 ms late. NumPy's
 float32 GEMV of the same 64 MiB took 2.5 ms on OpenBLAS's two threads after the same sleep, 4.6 ms on one.
