@@ -363,43 +363,96 @@ def decode_step_rates(buffer, threads: int) -> dict:
                                                                    row_sums, y8, threads), repeats=3, warmup=0)}
 
 
+def _in_turn_seconds(calls, passes=3):
+    """The best of ``passes`` seconds for running every one of ``calls`` once, one after another (after one pass
+    untimed): a decode step's way of meeting its layers, each read once per token."""
+    def one_pass():
+        for call in calls:
+            call()
+
+    return _best(one_pass, repeats=passes, warmup=1)
+
+
+def _dram_views(buffer, dtype, view_bytes, K):
+    """(view_bytes // K // itemsize, K) views of the half of ``buffer`` that the cache rates leave alone, in order:
+    distinct weights, each read from DRAM when they are called in turn."""
+    raw = buffer.reshape(-1).view(dtype)
+    n = max(1, view_bytes // raw.itemsize // K)
+    return [raw[i * n * K:(i + 1) * n * K].reshape(n, K) for i in range(raw.size // 2 // (n * K))]
+
+
 def gemv_rates(buffer, llc_bytes: float) -> dict:
-    """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: W a (N, 4096) view of the mapped
-    ``buffer`` (DRAM: half the buffer) and of a quarter of the effective LLC (the cache)."""
-    K = 4096
-    x = np.ones((1, K), dtype=np.float32)
-    w_dram = buffer[:buffer.size // 2 // K * K].reshape(-1, K)  # (N, K)
-    w_llc = np.ones((max(1, int(llc_bytes) // 4 // 4 // K), K), dtype=np.float32)  # (N, K)
-    return {"gemv_fp32_dram": w_dram.nbytes / _best(lambda: x @ w_dram.T, repeats=3),
+    """NumPy's float32 GEMV x · Wᵀ (its own BLAS, all cores) in weight bytes/s: from DRAM, as decode meets its
+    layers (64 MiB (N, K) views of half the mapped ``buffer``, called in turn), at K = ``GEMV_K`` and
+    ``GEMV_WIDE_K``; from the cache at K = ``GEMV_K`` (W of a quarter of the effective LLC, called again and
+    again)."""
+    from .costs.phases import GEMV_K, GEMV_WIDE_K
+
+    def dram(K):
+        x = np.ones((1, K), dtype=np.float32)
+        views = _dram_views(buffer, np.float32, 64 * 2**20, K)
+        return sum(w.nbytes for w in views) / _in_turn_seconds([lambda w=w: x @ w.T for w in views])
+
+    x = np.ones((1, GEMV_K), dtype=np.float32)
+    w_llc = np.ones((max(1, int(llc_bytes) // 4 // 4 // GEMV_K), GEMV_K), dtype=np.float32)  # (N, K)
+    return {"gemv_fp32_dram": dram(GEMV_K), "gemv_fp32_dram_wide": dram(GEMV_WIDE_K),
             "gemv_fp32_llc": w_llc.nbytes / _best(lambda: x @ w_llc.T, repeats=20, warmup=3)}
 
 
-def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float) -> dict:
-    """``Int8Linear``'s one-vector kernel (``kernels.int8._api.split_gemv_into``) in int8 weight bytes/s, K = 4096:
-    on all threads from DRAM (W a (N, K) int8 view of half the mapped ``buffer``) and from the cache (W of a
-    quarter of the effective LLC), and on the calling thread from the cache. The kernel itself, not the plain read:
-    its dot products, scales and outlier scan make it stream slower than a read of the same bytes. The all-thread
-    rates leave out the region's launch (``launch_s``, which the model adds once per call)."""
-    from kernels.int8 import Int8Weight
-    from kernels.int8._api import split_gemv_into
+def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) -> dict:
+    """``Int8Linear`` on one vector, in int8 weight bytes/s, K = 4096: from DRAM as decode meets its layers (views
+    of half the mapped ``buffer`` called in turn: 16 MiB on all threads, 4 MiB on the calling thread, the sizes
+    each runs at: ``kernels._common.threads``) and from the cache (W of a quarter of the effective LLC, called
+    again and again); and ``int8_outlier_s``, a thread's seconds per output and outlier feature (the float16 path
+    of each output: its dequantized outlier weights, rounded). The public call, less its fixed cost (``call_s``,
+    the whole call on a tiny vector) and, on all threads, the region's launch (``launch_s``), both of which the
+    model adds once per call: the kernel's dot products, scales and outlier scan make it stream slower than a read
+    of the same bytes, and each call restarts the prefetchers on a new stream (2-vCPU Xeon, one thread: 4 MiB
+    weights in turn 12.8 GB/s, one 480 MiB weight 15.4)."""
+    import numba
+
+    from kernels.int8 import Int8Linear, Int8Weight
 
     K = 4096
-    x = np.random.default_rng(0).standard_normal((1, K), dtype=np.float32)  # (1, K), no outlier above 6
-    flags = np.empty(K, dtype=np.bool_)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, K), dtype=np.float32)
+    x[0, np.abs(x[0]) >= 6.0] = 0.0  # (1, K): no outlier feature
+    x_outliers = x.copy()
+    x_outliers[0, rng.choice(K, OUTLIER_FEATURES, replace=False)] = 40.0
 
-    def rate(w_i8, repeats, warmup, launch=0.0):
-        weight = Int8Weight(w_i8, np.ones(w_i8.shape[0], dtype=np.float32))
-        y = np.empty((1, w_i8.shape[0]), dtype=np.float32)
-        t = _best(lambda: split_gemv_into(x, weight, 6.0, y, flags), repeats=repeats, warmup=warmup)
-        return w_i8.nbytes / max(t - launch, 0.5 * t)
+    def layers(views):
+        return [Int8Linear(Int8Weight(w, np.ones(w.shape[0], np.float32), None, np.zeros(w.shape[0], np.int32)))
+                for w in views]
 
-    raw = buffer.view(np.int8)
-    w_dram = raw[:raw.size // 2 // K * K].reshape(-1, K)  # (N, K)
+    def seconds_in_turn(views, x_in, fixed_s):
+        """Seconds per pass of the layers of ``views`` called in turn on x_in, less each call's fixed cost."""
+        t = _in_turn_seconds([lambda layer=layer: layer(x_in) for layer in layers(views)])
+        return max(t - len(views) * fixed_s, 0.5 * t)
+
+    def dram(view_bytes, fixed_s):
+        views = _dram_views(buffer, np.int8, view_bytes, K)
+        rate = sum(w.nbytes for w in views) / seconds_in_turn(views, x, fixed_s)
+        extra = seconds_in_turn(views, x_outliers, fixed_s) - sum(w.nbytes for w in views) / rate
+        outputs = sum(w.shape[0] for w in views)
+        return rate, max(0.0, extra) * numba.get_num_threads() / (outputs * OUTLIER_FEATURES)
+
     w_llc = np.ones((max(1, int(llc_bytes) // 4 // K), K), dtype=np.int8)  # (N, K)
-    rates = {"int8_gemv_dram": rate(w_dram, 3, 1, launch_s), "int8_gemv_llc": rate(w_llc, 20, 3, launch_s)}
+
+    def cache_rate(fixed_s):
+        layer = layers([w_llc])[0]
+        t = _best(lambda: layer(x), repeats=20, warmup=3)
+        return w_llc.nbytes / max(t - fixed_s, 0.5 * t)
+
+    rates = {}
+    rates["int8_gemv_dram"], rates["int8_outlier_s"] = dram(16 * 2**20, launch_s + call_s)
+    rates["int8_gemv_llc"] = cache_rate(launch_s + call_s)
     with one_thread():
-        rates["int8_gemv_one_llc"] = rate(w_llc, 20, 3)
+        rates["int8_gemv_one_llc"] = cache_rate(call_s)
+        rates["int8_gemv_one_dram"] = dram(4 * 2**20, call_s)[0]
     return rates
+
+
+OUTLIER_FEATURES = 16  # outlier features of the calibration's second input (LLM.int8() §4: a handful per layer)
 
 
 def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: float | None = None,
@@ -449,7 +502,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values["write_all"], values["launch_s"] = write_all, launch_s
     values["attention_call_s"] = attention_call_seconds()
     values["int8_call_s"] = int8_call_seconds()
-    values.update(int8_gemv_rates(buffer, values["llc_bytes"], values["launch_s"]))
+    values.update(int8_gemv_rates(buffer, values["llc_bytes"], values["launch_s"], values["int8_call_s"]))
     llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC
     values["read_all_llc"] = read_bandwidth_of(llc_part, repeats=20)
     with one_thread():  # one core's read, as a call that runs on the calling thread streams (_common.threads)

@@ -7,6 +7,7 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 
+import numpy as np
 import psutil
 
 
@@ -50,6 +51,40 @@ def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE
         fn()
         samples.append(time.perf_counter() - start)
     return Timing(statistics.median(samples), min(samples), repeats)
+
+
+def in_turn(calls):
+    """One callable that runs the next of ``calls`` at each call, round robin: the same work on other data each
+    time, as a decode step meets its layers (each layer's weights are read once per token)."""
+    turn = [0]
+
+    def call():
+        calls[turn[0] % len(calls)]()
+        turn[0] += 1
+
+    return call
+
+
+def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, threshold: float = 6.0) -> tuple[float, float]:
+    """Median seconds of a K = N = ``k`` GEMV of the float32 vector ``x`` (1, k), NumPy's float32 (``x @ Wᵀ``)
+    and ``Int8Linear``'s, each as a decode step runs it: one call after another on distinct weights, the copies
+    (``k × k`` views of ``buffer``, a float32 array whose pages are mapped, at least twice the largest cache) in
+    turn, so that every call reads its weights from DRAM. Returns (float32 s, int8 s). The weights' values are the
+    buffer's: the kernels' time does not depend on them (the int8 scales are ones, the row sums zeros)."""
+    from kernels.int8 import Int8Linear, Int8Weight
+
+    flat = buffer.reshape(-1)
+    if flat.dtype != np.float32 or flat.size < 2 * k * k:
+        raise ValueError(f"buffer must be float32 with room for two {k} x {k} weights; got {flat.dtype} "
+                         f"{flat.size} elements")
+    fp32 = [flat[i * k * k:(i + 1) * k * k].reshape(k, k) for i in range(flat.size // (k * k))]
+    raw = flat.view(np.int8)
+    ones, zeros = np.ones(k, dtype=np.float32), np.zeros(k, dtype=np.int32)
+    int8 = [Int8Linear(Int8Weight(raw[i * k * k:(i + 1) * k * k].reshape(k, k), ones, None, zeros),
+                       threshold=threshold) for i in range(raw.size // (k * k))]
+    t_fp32 = time_call(in_turn([lambda w=w: x @ w.T for w in fp32]), repeats=repeats, warmup=len(fp32))
+    t_int8 = time_call(in_turn([lambda layer=layer: layer(x) for layer in int8]), repeats=repeats, warmup=2)
+    return t_fp32.median_s, t_int8.median_s
 
 
 @dataclass(frozen=True)

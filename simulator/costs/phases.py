@@ -61,9 +61,10 @@ _FIELDS = (
     ("row_step_s", 1e-9, "ns"),
     ("read_all_llc", 1e9, "GB/s"), ("read_one_llc", 1e9, "GB/s"), ("read_one_dram", 1e9, "GB/s"),
     ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
-    ("gemv_fp32_dram", 1e9, "GB/s"),
+    ("gemv_fp32_dram", 1e9, "GB/s"), ("gemv_fp32_dram_wide", 1e9, "GB/s"),
     ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"),
     ("int8_gemv_llc", 1e9, "GB/s"), ("int8_gemv_dram", 1e9, "GB/s"), ("int8_gemv_one_llc", 1e9, "GB/s"),
+    ("int8_gemv_one_dram", 1e9, "GB/s"), ("int8_outlier_s", 1e-9, "ns"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
     ("gemm_d", 1, ""), ("block_br", 1, ""), ("block_bc", 1, ""),
     ("calibration_s", 1, "s"),
@@ -99,12 +100,15 @@ class PhaseRates:
     ``read_one_llc`` and ``read_one_dram``: one core's read rate from the last-level cache and from DRAM;
     ``decode_stream``: the K/V bytes/s that a decode step's block products (a few query rows against Bc keys, the
     flash kernel with Br = 1) stream from DRAM on all threads;
-    ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM;
+    ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM
+    (rows of K = ``GEMV_K`` = 4096; ``gemv_fp32_dram_wide`` from DRAM at K = ``GEMV_WIDE_K`` = 8192: OpenBLAS's
+    rate depends on the row length, 33 against 28 GB/s on the 2-vCPU Xeon);
     ``step_fp32_dram`` and ``step_int8_dram``: the weight bytes/s at which the row kernels of the one-region
     decode step (``kernels.dense.gemv_rows``, ``kernels.int8.rows.int8_rows``) stream a weight from DRAM, its
-    rows split evenly over all threads in one parallel region. ``int8_gemv_llc``, ``int8_gemv_dram`` and
-    ``int8_gemv_one_llc``: the int8 weight bytes/s of ``Int8Linear``'s one-vector kernel on all threads from the
-    cache and from DRAM, and on the calling thread from the cache.
+    rows split evenly over all threads in one parallel region. ``int8_gemv_llc``, ``int8_gemv_dram``,
+    ``int8_gemv_one_llc`` and ``int8_gemv_one_dram``: the int8 weight bytes/s of ``Int8Linear``'s one-vector
+    kernel on all threads from the cache and from DRAM, and on the calling thread from the cache and from DRAM
+    (each call's fixed cost left out); ``int8_outlier_s`` a thread's seconds per output and outlier feature.
     ``calibration_s``: how long measuring all of this took.
     """
 
@@ -139,11 +143,14 @@ class PhaseRates:
     decode_stream: float
     gemv_fp32_llc: float
     gemv_fp32_dram: float
+    gemv_fp32_dram_wide: float
     step_fp32_dram: float
     step_int8_dram: float
     int8_gemv_llc: float
     int8_gemv_dram: float
     int8_gemv_one_llc: float
+    int8_gemv_one_dram: float
+    int8_outlier_s: float
     launch_s: float
     attention_call_s: float
     int8_call_s: float
@@ -437,32 +444,44 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
 
 
 def _by_level(rates, llc_rate, dram_rate, footprint, all_cores=False):
+    """The rate of a pass over ``footprint`` bytes between its cache and DRAM rates (``cache_fraction``); DRAM's
+    for an infinite footprint (data that no cache holds when the pass starts)."""
+    if math.isinf(footprint):
+        return dram_rate
     f = cache_fraction(rates, footprint, all_cores)
     return dram_rate ** (1 - f) * llc_rate ** f
 
 
-def dense_gemv_phases(rates: PhaseRates, K, N) -> tuple[Phase, ...]:
+GEMV_K, GEMV_WIDE_K = 4096, 8192  # the row lengths at which NumPy's float32 GEMV is calibrated from DRAM
+
+
+def dense_gemv_phases(rates: PhaseRates, K, N, *, resident=True) -> tuple[Phase, ...]:
     """y = x · Wᵀ for one float32 vector x (K,) and W (N, K) in NumPy (its BLAS on all cores): the weight's bytes
-    at the GEMV rate measured for where they lie (the cache or DRAM, by the all-core curve)."""
+    at the GEMV rate measured for where they lie: with ``resident`` (the same W called again) the cache or DRAM by
+    the all-core curve; without (each call on another layer's W, as in a decode step) DRAM."""
     _check(K=K, N=N)
     w_bytes = 4 * K * N
-    rate = _by_level(rates, rates.gemv_fp32_llc, rates.gemv_fp32_dram, w_bytes, all_cores=True)
+    # DRAM: the two calibrated row lengths, interpolated in log K between them, the nearer one outside
+    t = min(1.0, max(0.0, math.log2(K / GEMV_K) / math.log2(GEMV_WIDE_K / GEMV_K)))
+    dram = rates.gemv_fp32_dram ** (1 - t) * rates.gemv_fp32_dram_wide ** t
+    rate = _by_level(rates, rates.gemv_fp32_llc, dram, w_bytes if resident else math.inf, all_cores=True)
     return (Phase("gemv", w_bytes / rate, "read", rates.threads, flops=2 * K * N, bytes=w_bytes),)
 
 
-def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0) -> tuple[Phase, ...]:
+def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0, *, resident=True) -> tuple[Phase, ...]:
     """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the kernel's
-    rate measured for where it lies, plus the fixed cost of a call (outlier scan, quantization) measured on a tiny
-    vector; the ``n_outliers`` weight columns dequantized on the float path add N·n_outliers bytes. Below
-    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread and holds no region (from DRAM at most at
-    one core's read rate); a larger one runs on the pool and pays one region's launch."""
+    rate measured for where it lies (``resident`` as for ``dense_gemv_phases``), plus the fixed cost of a call
+    (outlier scan, quantization) measured on a tiny vector; the ``n_outliers`` weight columns dequantized on the
+    float path add N·n_outliers bytes and each output's float16 products of them (``int8_outlier_s``). Below ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread
+    and holds no region; a larger one runs on the pool and pays one region's launch."""
     _check(K=K, N=N)
     w_bytes = K * N + 4 * N + N * n_outliers
+    footprint = w_bytes if resident else math.inf
     threads = 1 if K * N < SERIAL_MULTIPLY_ADDS else rates.threads
     if threads == 1:
-        dram = min(rates.int8_gemv_one_llc, rates.read_one_dram)
-        read_s = w_bytes / _by_level(rates, rates.int8_gemv_one_llc, dram, w_bytes)
+        read_s = w_bytes / _by_level(rates, rates.int8_gemv_one_llc, rates.int8_gemv_one_dram, footprint)
     else:
-        read_s = w_bytes / _by_level(rates, rates.int8_gemv_llc, rates.int8_gemv_dram, w_bytes, all_cores=True)
+        read_s = w_bytes / _by_level(rates, rates.int8_gemv_llc, rates.int8_gemv_dram, footprint, all_cores=True)
+    read_s += N * n_outliers * rates.int8_outlier_s / threads  # the float16 path of each output
     return (Phase("int8_gemv", read_s, "read", threads, flops=2 * K * N, bytes=w_bytes),
             Phase("call", rates.int8_call_s + (rates.launch_s if threads > 1 else 0.0), "call", 1))

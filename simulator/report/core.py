@@ -24,6 +24,7 @@ class RunContext:
     cpu: object = None  # HardwareSpec of this machine (calibrated)
     progress: object = None  # a callable(description: str) -> None, or None
     phase_rates: object = None  # this machine's PhaseRates, measured once per run (report.measured.rates_now)
+    dram_buffer: object = None  # a mapped float32 array of twice the largest cache (report.measured.dram_buffer)
 
     def step(self, description: str) -> None:
         if self.progress is not None:
