@@ -36,3 +36,28 @@ def test_the_default_warm_up_follows_the_pause():
     start = time.perf_counter()
     time_call(paused, repeats=2, warmup=1, settle_s=0.001)
     assert time.perf_counter() - start >= WARM_S
+
+
+def test_in_turn_calls_each_in_order_round_robin():
+    from simulator.measure import in_turn
+
+    order = []
+    call = in_turn([lambda i=i: order.append(i) for i in range(3)])
+    for _ in range(7):
+        call()
+    assert order == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_streamed_gemv_times_both_kinds_and_checks_its_buffer():
+    import numpy as np
+
+    from simulator.measure import streamed_gemv_seconds
+
+    k = 64
+    x = np.random.default_rng(0).standard_normal((1, k)).astype(np.float32)
+    buffer = np.ones(8 * k * k, dtype=np.float32)  # 8 float32 layers, 32 int8 ones
+    t_fp32, t_int8 = streamed_gemv_seconds(buffer, k, x, repeats=3)
+    assert t_fp32 > 0 and t_int8 > 0
+    for bad in (np.ones(k * k, dtype=np.float32), np.ones(8 * k * k, dtype=np.float64)):
+        with pytest.raises(ValueError, match="room for two"):
+            streamed_gemv_seconds(bad, k, x)
