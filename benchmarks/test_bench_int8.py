@@ -30,7 +30,7 @@ from kernels.int8 import Int8Linear, int8_matmul_reference
 from kernels.int8 import Int8Weight
 from kernels.int8 import _api as int8_api
 from simulator.calibrate import dram_test_bytes
-from simulator.measure import SETTLE_S, WARM_S
+from simulator.measure import SETTLE_S, WARM_S, in_turn
 
 from helpers import alternate_in_fresh_processes, p90
 
@@ -112,12 +112,6 @@ def test_int8_against_torch_dynamic_int8(benchmark, record, shape_name):
     record(row)
 
 
-def _rotation(layers):
-    """A call that runs the next of ``layers`` (callables) each time: one layer's weights after another's."""
-    turn = iter(range(10**12))
-    return lambda: layers[next(turn) % len(layers)]()
-
-
 def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
     """int8 and float32 GEMVs of 8192² on distinct copies of the weights, called in turn (see the module notes);
     the two kinds measured alternately in ``rounds`` blocks, each after a settle and a warm-up of its own."""
@@ -130,8 +124,8 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
     int8_layers = [layer] + [Int8Linear(Int8Weight(weight.w_i8.copy(), weight.absmax, None, weight.w_row_sums))
                              for _ in range(max(2, -(-total // weight.w_i8.nbytes)) - 1)]
     float_weights = [w] + [w.copy() for _ in range(max(2, -(-total // w.nbytes)) - 1)]
-    calls = {"int8": _rotation([lambda lay=lay: lay(x) for lay in int8_layers]),
-             "numpy-float32": _rotation([lambda wf=wf: x @ wf.T for wf in float_weights])}
+    calls = {"int8": in_turn([lambda lay=lay: lay(x) for lay in int8_layers]),
+             "numpy-float32": in_turn([lambda wf=wf: x @ wf.T for wf in float_weights])}
     samples = {name: [] for name in calls}
 
     def measure():
@@ -142,12 +136,16 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
     benchmark.pedantic(measure, rounds=1, iterations=1)
     medians = {name: float(np.median(v)) for name, v in samples.items()}
     for name, nbytes in (("int8", weight.w_i8.nbytes), ("numpy-float32", w.nbytes)):
-        record({"bench": "int8-gemv-streamed", "impl": name, "M": m, "K": k, "N": n,
-                "copies": len(int8_layers) if name == "int8" else len(float_weights),
-                "median_ms": f"{medians[name] * 1e3:.3f}", "p90_ms": f"{p90(samples[name]) * 1e3:.3f}",
-                "weight_GB/s": f"{nbytes / medians[name] / 1e9:.1f}", "read_GB/s": f"{machine_peaks['read_gbps']:.1f}",
-                **({"vs_numpy": f"{medians['numpy-float32'] / medians['int8']:.2f}x", "target": f">={TARGET['gemv']:.0f}x",
-                    "path": "vpdpbusd" if int8_api.USE_VNNI else "loop", "cpu": cpu_model()} if name == "int8" else {})})
+        row = {"bench": "int8-gemv-streamed", "impl": name, "M": m, "K": k, "N": n,
+               "copies": len(int8_layers) if name == "int8" else len(float_weights),
+               "median_ms": f"{medians[name] * 1e3:.3f}", "p90_ms": f"{p90(samples[name]) * 1e3:.3f}",
+               "weight_GB/s": f"{nbytes / medians[name] / 1e9:.1f}",
+               "read_GB/s": f"{machine_peaks['read_gbps']:.1f}"}
+        if name == "int8":
+            row.update({"vs_numpy": f"{medians['numpy-float32'] / medians['int8']:.2f}x",
+                        "target": f">={TARGET['gemv']:.0f}x", "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
+                        "cpu": cpu_model()})
+        record(row)
 
 
 def _samples(call, repeats):

@@ -374,8 +374,8 @@ def _in_turn_seconds(calls, passes=3):
 
 
 def _dram_views(buffer, dtype, view_bytes, K):
-    """(view_bytes // K // itemsize, K) views of the half of ``buffer`` that the cache rates leave alone, in order:
-    distinct weights, each read from DRAM when they are called in turn."""
+    """(view_bytes // K // itemsize, K) views of the first half of ``buffer``, in order: distinct weights, each
+    read from DRAM when they are called in turn (half the buffer is the largest cache the OS reports)."""
     raw = buffer.reshape(-1).view(dtype)
     n = max(1, view_bytes // raw.itemsize // K)
     return [raw[i * n * K:(i + 1) * n * K].reshape(n, K) for i in range(raw.size // 2 // (n * K))]

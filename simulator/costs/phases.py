@@ -472,8 +472,9 @@ def int8_gemv_phases(rates: PhaseRates, K, N, n_outliers=0, *, resident=True) ->
     """``Int8Linear`` on one vector: the int8 weight (N·K bytes, and N float32 scales) streamed at the kernel's
     rate measured for where it lies (``resident`` as for ``dense_gemv_phases``), plus the fixed cost of a call
     (outlier scan, quantization) measured on a tiny vector; the ``n_outliers`` weight columns dequantized on the
-    float path add N·n_outliers bytes and each output's float16 products of them (``int8_outlier_s``). Below ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread
-    and holds no region; a larger one runs on the pool and pays one region's launch."""
+    float path add N·n_outliers bytes and each output's float16 products of them (``int8_outlier_s``). Below
+    ``SERIAL_MULTIPLY_ADDS`` (K·N) the call runs on the calling thread and holds no region; a larger one runs on
+    the pool and pays one region's launch."""
     _check(K=K, N=N)
     w_bytes = K * N + 4 * N + N * n_outliers
     footprint = w_bytes if resident else math.inf
