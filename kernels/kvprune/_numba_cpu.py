@@ -2,17 +2,20 @@
 (batch, head) in O(window · N) memory (Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before
 Generation").
 
-v1 (this file): one task per (batch, query head): S = Q_w Kᵀ through BLAS, softmax row by row with the causal
-mask inside the window, probabilities of the prefix summed into the head's scores, then pooled.
+v1: one task per (batch, query head): S = Q_w Kᵀ through BLAS, softmax row by row with the causal mask inside
+the window, probabilities of the prefix summed into the head's scores, then pooled.
+v2 (this file): each row's max and exp on the vectorized helpers of ``kernels._common.numba_cpu`` (``row_max``,
+``exp_row``) instead of a scalar compare loop and ``math.exp``: ``snapkv_compress`` on (1, 9, N, 64) queries
+and (1, 3, N, 64) keys, capacity N/4, alternating fresh processes with v1 (3 pairs, 2-vCPU Xeon): N = 16384
+32.0-33.2 -> 28.3-28.8 ms, N = 512 1.22-1.29 -> 1.13-1.22 ms.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit, prange
 
-from .._common.numba_cpu import exp_row
+from .._common.numba_cpu import exp_row, row_max
 
 
 @njit(parallel=True, cache=True)
@@ -32,18 +35,11 @@ def window_scores(q_window, k, scale, out):
         out[b, h, :] = 0.0
         for i in range(w):
             n_vis = prefix + i + 1  # query at position N − w + i sees keys 0 .. N − w + i
-            m = -np.inf
-            for j in range(n_vis):
-                if s[i, j] > m:
-                    m = s[i, j]
-            total = 0.0
-            for j in range(n_vis):
-                e = math.exp((s[i, j] - m) * scale)
-                s[i, j] = e
-                total += e
-            inv = 1.0 / total
+            row = s[i]  # (N,)
+            m = row_max(row, n_vis, -np.inf)
+            inv = 1.0 / exp_row(row, row, n_vis, m, scale)  # row[j] ← exp((s − m)·scale); 1 / their sum
             for j in range(prefix):
-                out[b, h, j] += s[i, j] * inv
+                out[b, h, j] += row[j] * inv
 
 
 @njit(parallel=True, cache=True)
