@@ -11,7 +11,6 @@ and (1, 3, N, 64) keys, capacity N/4, alternating fresh processes with v1 (3 pai
 """
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit, prange
 
