@@ -13,10 +13,10 @@ its weights from memory and the threads are never idle between calls. The interl
 ``SETTLE_S`` before every call, and a call after a pause is slower for reasons outside the kernel: its data come
 back cold, and on the 2-vCPU Xeon VM used here the woken worker first shares the caller's vCPU for about a
 millisecond (its guest kernel is booted with ``sched_vcpu_pack``, which packs runnable threads onto few vCPUs;
-pinning the threads removes most of the delay). A 64 MiB read by two Numba threads after 0.3 s of sleep: median 3.6 ms
-(p90 4.5) with the pool's passive wait, 2.65 ms with the threads pinned (``OMP_PROC_BIND=true``), 2.37 ms with
-spinning workers (``OMP_WAIT_POLICY=active``); rdtsc stamps showed one thread starting 0.7-1.5 ms late. NumPy's
-float32 GEMV of the same 64 MiB took 2.5 ms on OpenBLAS's two threads after the same sleep, 4.6 ms on one.
+pinning the threads removes most of the delay). A 64 MiB read by two Numba threads after 0.3 s of sleep: median
+3.6 ms (p90 4.5) with the pool's passive wait, 2.65 ms with the threads pinned (``OMP_PROC_BIND=true``), 2.37 ms
+with spinning workers (``OMP_WAIT_POLICY=active``); rdtsc stamps showed one thread starting 0.7-1.5 ms late.
+NumPy's float32 GEMV of the same 64 MiB took 2.5 ms on OpenBLAS's two threads after the same sleep, 4.6 ms on one.
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 from kernels.cpuinfo import cpu_model
-from kernels.int8 import Int8Linear, int8_matmul_reference
-from kernels.int8 import Int8Weight
+from kernels.int8 import Int8Linear, Int8Weight, int8_matmul_reference
 from kernels.int8 import _api as int8_api
 from simulator.calibrate import dram_test_bytes
 from simulator.measure import SETTLE_S, WARM_S, in_turn
@@ -114,7 +113,7 @@ def test_int8_against_torch_dynamic_int8(benchmark, record, shape_name):
 
 def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
     """int8 and float32 GEMVs of 8192² on distinct copies of the weights, called in turn (see the module notes);
-    the two kinds measured alternately in ``rounds`` blocks, each after a settle and a warm-up of its own."""
+    the two kinds measured alternately in five blocks each, every block after a settle and a warm-up of its own."""
     m, k, n = GEMV
     x, w = _inputs(m, k, n, seed=k + m)
     layer = Int8Linear.from_float(w)
