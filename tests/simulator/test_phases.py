@@ -248,7 +248,7 @@ VALIDATION = textwrap.dedent("""
     def best(a, b):
         # each rate's best of two calibrations (the fastest rate, the shortest fixed cost): both tend to this
         # machine without the other processes, as the best of the repeated calls does
-        seconds = {"launch_s", "attention_call_s", "int8_call_s", "row_step_s", "calibration_s"}
+        seconds = {"launch_s", "attention_call_s", "int8_call_s", "int8_outlier_s", "row_step_s", "calibration_s"}
         keep = {"threads", "llc_bytes", "llc_curve_bytes", "llc_curve_fraction", "llc_curve_all_fraction", "gemm_d",
                 "block_br", "block_bc"}
         return a.replace(**{f: (min if f in seconds else max)(getattr(a, f), getattr(b, f))
