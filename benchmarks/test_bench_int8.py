@@ -29,7 +29,7 @@ from kernels.cpuinfo import cpu_model
 from kernels.int8 import Int8Linear, Int8Weight, int8_matmul_reference
 from kernels.int8 import _api as int8_api
 from simulator.calibrate import dram_test_bytes
-from simulator.measure import SETTLE_S, WARM_S, in_turn
+from simulator.measure import SETTLE_S, in_turn, time_call
 
 from helpers import alternate_in_fresh_processes, p90
 
@@ -130,7 +130,8 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
     def measure():
         for _ in range(5):  # rounds: the two kinds in turn, so that a drift of the machine's bandwidth hits both
             for name, call in calls.items():
-                samples[name] += _samples(call, 2 * len(int8_layers) if name == "int8" else 3 * len(float_weights))
+                repeats = 2 * len(int8_layers) if name == "int8" else 3 * len(float_weights)
+                samples[name] += time_call(call, repeats=repeats, warmup=0).samples_s  # after a settle, warmed
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
     medians = {name: float(np.median(v)) for name, v in samples.items()}
@@ -145,18 +146,3 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
                         "target": f">={TARGET['gemv']:.0f}x", "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
                         "cpu": cpu_model()})
         record(row)
-
-
-def _samples(call, repeats):
-    """Seconds of ``repeats`` calls, after a settle of ``SETTLE_S`` and ``WARM_S`` of untimed calls (as
-    ``simulator.measure.time_call`` does)."""
-    time.sleep(SETTLE_S)
-    start = time.perf_counter()
-    while time.perf_counter() - start < WARM_S:
-        call()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        out.append(time.perf_counter() - start)
-    return out

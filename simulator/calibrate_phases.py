@@ -424,15 +424,16 @@ def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) ->
         return [Int8Linear(Int8Weight(w, np.ones(w.shape[0], np.float32), None, np.zeros(w.shape[0], np.int32)))
                 for w in views]
 
-    def seconds_in_turn(views, x_in, fixed_s):
-        """Seconds per pass of the layers of ``views`` called in turn on x_in, less each call's fixed cost."""
-        t = _in_turn_seconds([lambda layer=layer: layer(x_in) for layer in layers(views)])
-        return max(t - len(views) * fixed_s, 0.5 * t)
+    def seconds_in_turn(in_turn, x_in, fixed_s):
+        """Seconds per pass of the layers ``in_turn`` called in turn on x_in, less each call's fixed cost."""
+        t = _in_turn_seconds([lambda layer=layer: layer(x_in) for layer in in_turn])
+        return max(t - len(in_turn) * fixed_s, 0.5 * t)
 
     def dram(view_bytes, fixed_s):
         views = _dram_views(buffer, np.int8, view_bytes, K)
-        rate = sum(w.nbytes for w in views) / seconds_in_turn(views, x, fixed_s)
-        extra = seconds_in_turn(views, x_outliers, fixed_s) - sum(w.nbytes for w in views) / rate
+        in_turn, nbytes = layers(views), sum(w.nbytes for w in views)
+        rate = nbytes / seconds_in_turn(in_turn, x, fixed_s)
+        extra = seconds_in_turn(in_turn, x_outliers, fixed_s) - nbytes / rate
         outputs = sum(w.shape[0] for w in views)
         return rate, max(0.0, extra) * numba.get_num_threads() / (outputs * OUTLIER_FEATURES)
 

@@ -18,6 +18,7 @@ class Timing:
     median_s: float
     min_s: float
     repeats: int
+    samples_s: tuple = ()  # every timed call, in order
 
 
 # Idle time before a measurement. NumPy's OpenBLAS worker threads spin for about 2^28 cycles (~0.1 s) after a
@@ -50,7 +51,7 @@ def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
-    return Timing(statistics.median(samples), min(samples), repeats)
+    return Timing(statistics.median(samples), min(samples), repeats, tuple(samples))
 
 
 def in_turn(calls):

@@ -255,17 +255,11 @@ def _split_gemv(x, weight: Int8Weight, threshold):
     flags = np.empty(x.shape[1], dtype=np.bool_)
     y = np.empty((x.shape[0], weight.w_i8.shape[0]), dtype=np.float32)
     with serial_if_small(multiply_adds=x.size * y.shape[1]):  # M·K·N: a small product on the calling thread
-        split_gemv_into(x, weight, threshold, y, flags)
+        if USE_VNNI:  # the dot-product path where the CPU has it, else the portable loop
+            _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
+        else:
+            _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
     return y, np.flatnonzero(flags)
-
-
-def split_gemv_into(x, weight: Int8Weight, threshold, y, flags):
-    """The one-launch kernel of ``_split_gemv`` on Numba's current thread count: the dot-product path where the
-    CPU has it (``USE_VNNI``), else the portable loop. Writes y (M, N) float32 and flags (K,) bool."""
-    if USE_VNNI:
-        _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
-    else:
-        _numba_cpu.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, y, flags)
 
 
 def _as_weight(w, keep_fp16_weights=False):
