@@ -12,7 +12,7 @@ from ..costs import phases
 from ..measure import streamed_gemv_seconds, time_call
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
-from .measured import dram_buffer, error_pct, fresh_rates
+from .measured import error_pct, fresh_rates, streamed_buffer
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 THRESHOLDS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0, 40.0, 80.0)
@@ -70,7 +70,7 @@ def int8_section(ctx: RunContext) -> Section:
         split = costs.int8_split(1, k, k, N_OUTLIERS, elem_bytes=4).time(ctx.cpu).seconds
         p_fp32 = phases.total_seconds(phases.dense_gemv_phases(rates, k, k))
         p_int8 = phases.total_seconds(phases.int8_gemv_phases(rates, k, k, N_OUTLIERS))
-        s_fp32, s_int8 = streamed_gemv_seconds(dram_buffer(ctx), k, x1)  # as decode: each call another layer's
+        s_fp32, s_int8 = streamed_gemv_seconds(streamed_buffer(ctx, k), k, x1)  # as decode: another layer each
         q_fp32 = phases.total_seconds(phases.dense_gemv_phases(rates, k, k, resident=False))
         q_int8 = phases.total_seconds(phases.int8_gemv_phases(rates, k, k, N_OUTLIERS, resident=False))
         gemv_rows.append({"in_features": k, "out_features": k, "int8_measured_s": f"{t_int8:.6g}",

@@ -31,6 +31,14 @@ def dram_buffer(ctx: RunContext):
     return ctx.dram_buffer
 
 
+def streamed_buffer(ctx: RunContext, k: int):
+    """A buffer for ``simulator.measure.streamed_gemv_seconds`` at K = N = ``k``: ``dram_buffer(ctx)``, or where
+    that cannot hold two k × k float32 layers (twice the largest cache is less than 2·4·k² bytes: a machine whose
+    OS reports a last-level cache under 256 MiB, at k = 8192) a mapped one of two layers."""
+    buffer = dram_buffer(ctx)
+    return buffer if buffer.size >= 2 * k * k else filled(2 * k * k, 1.0, np.float32)
+
+
 def rates_now(ctx: RunContext):
     """This machine's per-phase rates (``simulator.costs.phases.PhaseRates``), measured in this run, once: the
     predictions are compared with timings taken minutes later on the same, shared, machine."""

@@ -270,7 +270,8 @@ VALIDATION = textwrap.dedent("""
     def gemv_missed(r):
         return abs(r["predicted"] / r["measured"] - 1) > 0.25
 
-    buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
+    # twice the largest cache, and room for two 8192² float32 layers wherever the OS reports a smaller one
+    buffer = filled(max(dram_test_bytes() // 4, 2 * 8192 * 8192), 1.0, np.float32)
     rows = []
     rates = phase_rates(buffer=buffer)
     first_calibration_s = rates.calibration_s

@@ -245,3 +245,16 @@ def test_html_escapes_what_comes_from_data(hostile):
         assert set(attrs) <= {"lang", "charset", "alt", "src", "href"}, (tag, attrs)
         for url in (attrs.get("src"), attrs.get("href")):
             assert url is None or url in ("roofline.png", "roofline.csv"), url
+
+
+def test_streamed_layers_get_room_for_two_where_the_cache_buffer_is_small(tmp_path):
+    import numpy as np
+
+    from simulator.report.core import RunContext
+    from simulator.report.measured import streamed_buffer
+
+    big = np.ones(4 * 64 * 64, dtype=np.float32)
+    assert streamed_buffer(RunContext(directory=tmp_path, quick=True, dram_buffer=big), 64) is big
+    small = RunContext(directory=tmp_path, quick=True, dram_buffer=np.ones(64 * 64, dtype=np.float32))
+    room = streamed_buffer(small, 64)
+    assert room.dtype == np.float32 and room.size >= 2 * 64 * 64
