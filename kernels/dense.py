@@ -6,6 +6,17 @@ Numba's threads (on the calling thread alone when it is small: ``kernels._common
 threads never wake: on 2 cores the two pools spun against each other
 after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
 the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).
+
+Versions of the GEMV's row kernel (``gemv_rows``; 2-vCPU Intel Xeon, family 6 model 167, KVM):
+  v1: one weight row at a time, a plain loop that LLVM vectorizes.
+  v2: four rows at a time (four streams of weights, each load of x serves four rows; ``_rows_loop``): SmolLM2's
+      float32 block weights from DRAM on two threads 26.3 -> 31.2 GB/s (see ``_gemv_nt``).
+  v3: the same four rows on explicit 512-bit vectors where the target has AVX-512F (``_rows_zmm``; LLVM gives the
+      loop 256-bit FMAs there, ``kernels._common.zmm``). 256 MiB of (N, K) weights on two threads, the two paths
+      and a plain read (``simulator.calibrate.read_once``) taken in turn, 7 rounds, medians: K = 576 loop
+      30.2-30.8 GB/s, zmm 32.5-32.7, read 34.1-35.3 (two runs); K = 1536 loop 29.8, zmm 30.8, read 28.3 (a slow
+      phase of this VM's memory; best runs 33.6, 34.8, 33.8). SmolLM2 fp32 ``generate`` of 64 tokens,
+      alternating fresh processes with v2: 46.6-52.3 -> 50.1-54.6 tokens/s over six pairs.
 """
 from __future__ import annotations
 
@@ -13,11 +24,14 @@ import numpy as np
 from numba import njit, prange
 
 from ._common.blas import batched_matmul
+from ._common.numba_cpu import FASTMATH
+from ._common.zmm import AVAILABLE as ZMM_AVAILABLE, LANES, ffma, fload, fload_first, fsum, fzero
 from ._common.dtypes import check_float_dtype
 from ._common.threads import serial_if_small
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
 BLOCK_N = 64  # output features per task
+ROWS_AT_ONCE = 4  # weight rows a GEMV step reads together: four streams, each load of x serves four rows
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -73,13 +87,12 @@ def matmul_nt(x, w):
 
 
 @njit(fastmath=True, cache=True)
-def gemv_rows(x, w, y, n0, n1):
-    """y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1): float32 x (K,), w (N, K), y (N,) — a range of a GEMV's outputs
-    for a fused step that schedules the ranges itself (``kernels.decode``); four rows at a time (four streams of
-    weights, each load of x used four times); fastmath lets the sums vectorize."""
+def _rows_loop(x, w, y, n0, n1):
+    """y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1): four rows at a time (four streams of weights, each load of x
+    used four times); fastmath lets the sums vectorize. The portable path of ``gemv_rows``."""
     K = x.size
     n = n0
-    while n + 4 <= n1:
+    while n + ROWS_AT_ONCE <= n1:
         a0 = a1 = a2 = a3 = np.float32(0.0)
         for k in range(K):
             xk = x[k]
@@ -88,9 +101,61 @@ def gemv_rows(x, w, y, n0, n1):
             a2 += xk * w[n + 2, k]
             a3 += xk * w[n + 3, k]
         y[n], y[n + 1], y[n + 2], y[n + 3] = a0, a1, a2, a3
-        n += 4
+        n += ROWS_AT_ONCE
     for m in range(n, n1):
         acc = np.float32(0.0)
         for k in range(K):
             acc += x[k] * w[m, k]
         y[m] = acc
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def _dot_zmm(x, flat, p, K):
+    """Σ_k x[k] · flat[p + k] over K floats, 16 lanes at a time, the tail by a masked load."""
+    acc = fzero()
+    k = 0
+    while k + LANES <= K:
+        acc = ffma(fload(x, k), fload(flat, p + k), acc)
+        k += LANES
+    if k < K:
+        acc = ffma(fload_first(x, k, K - k), fload_first(flat, p + k, K - k), acc)
+    return fsum(acc)
+
+
+@njit(fastmath=FASTMATH, cache=True)
+def _rows_zmm(x, w, y, n0, n1):
+    """``_rows_loop`` on explicit 512-bit vectors (``kernels._common.zmm``): per 16 floats of x, one load of x and
+    four fused multiply-adds with four rows' vectors into four partial sums; a row's last K mod 16 floats by a
+    masked load, which reads nothing past them. AVX-512F targets only."""
+    K = x.size
+    flat = w.reshape(-1)  # one view (each view counts a reference: see kernels/decode/_step.py, v4)
+    n = n0
+    while n + ROWS_AT_ONCE <= n1:
+        a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
+        p = n * K
+        k = 0
+        while k + LANES <= K:
+            xv = fload(x, k)
+            a0 = ffma(xv, fload(flat, p + k), a0)
+            a1 = ffma(xv, fload(flat, p + K + k), a1)
+            a2 = ffma(xv, fload(flat, p + 2 * K + k), a2)
+            a3 = ffma(xv, fload(flat, p + 3 * K + k), a3)
+            k += LANES
+        if k < K:
+            tail = K - k
+            xv = fload_first(x, k, tail)
+            a0 = ffma(xv, fload_first(flat, p + k, tail), a0)
+            a1 = ffma(xv, fload_first(flat, p + K + k, tail), a1)
+            a2 = ffma(xv, fload_first(flat, p + 2 * K + k, tail), a2)
+            a3 = ffma(xv, fload_first(flat, p + 3 * K + k, tail), a3)
+        y[n], y[n + 1], y[n + 2], y[n + 3] = fsum(a0), fsum(a1), fsum(a2), fsum(a3)
+        n += ROWS_AT_ONCE
+    for m in range(n, n1):
+        y[m] = _dot_zmm(x, flat, m * K, K)
+
+
+# gemv_rows(x, w, y, n0, n1): y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1), float32 x (K,), w (N, K) C-contiguous,
+# y (N,): a range of a GEMV's outputs, for a fused step that schedules the ranges itself (kernels.decode). The path
+# is fixed at import from the target's features (the tests call both directly)
+USE_ZMM = ZMM_AVAILABLE
+gemv_rows = _rows_zmm if USE_ZMM else _rows_loop

@@ -42,6 +42,8 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       of linear, so that a thread's runs of rows follow each other in memory: alternating fresh processes with v5,
       fp32 step 19.5-20.1 -> 18.2-18.3 ms over three pairs (``generate`` 48.5-49.5 -> 52.9-53.6 tokens/s), int8 +
       int8 head 4.04-4.22 -> 3.94-4.08 ms over four (within the noise; 188-225 -> 221-233 tokens/s).
+  v7: the float32 rows on 512-bit vectors (``kernels.dense``, v3): fp32 ``generate`` alternating fresh processes
+      with v6, 46.6-52.3 -> 50.1-54.6 tokens/s over six pairs (this VM's memory was slower than in v6's runs).
 """
 from __future__ import annotations
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernels import dense
+from kernels._common import zmm
 from kernels.dense import GEMV_ROWS, matmul_nt
+
+ROW_PATHS = [pytest.param(dense._rows_loop, id="loop"),
+             pytest.param(dense._rows_zmm, id="zmm", marks=pytest.mark.skipif(
+                 not zmm.AVAILABLE, reason="the zmm path compiles only for a target with AVX-512F"))]
 
 
 @pytest.mark.parametrize("m", [1, 5, GEMV_ROWS, GEMV_ROWS + 1, 40])
@@ -18,6 +24,30 @@ def test_equals_the_float64_product(rng, m, k, n):
     # float32 sums of k products: error within k·eps relative to Σ|x||w|
     bound = k * np.finfo(np.float32).eps * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
     assert np.all(np.abs(y - ref) <= bound + 1e-30)
+
+
+def _product_bound(x, w):
+    """float32 sums of K products: error within K·eps relative to Σ|x||w|."""
+    return x.shape[-1] * np.finfo(np.float32).eps * (np.abs(w).astype(np.float64) @ np.abs(x).astype(np.float64))
+
+
+@pytest.mark.parametrize("rows", ROW_PATHS)
+@pytest.mark.parametrize("k", [1, 15, 16, 17, 63, 576, 1000])  # K tails of 0..15 floats (a zmm holds 16)
+@pytest.mark.parametrize("n0, n1", [(0, 1), (0, 7), (3, 12), (0, 70), (69, 70)])  # N mod 4 tails, inner ranges
+def test_both_row_paths_equal_the_float64_product(rng, rows, k, n0, n1):
+    """gemv_rows' two paths over a range of outputs: only y[n0:n1] is written, and the last row's tail, which ends
+    the weight array, is read without reading past it."""
+    x = rng.standard_normal(k).astype(np.float32)
+    w = rng.standard_normal((70, k)).astype(np.float32)
+    y = np.full(70, np.nan, dtype=np.float32)
+    rows(x, w, y, n0, n1)
+    ref = w.astype(np.float64) @ x.astype(np.float64)
+    assert np.isnan(y[:n0]).all() and np.isnan(y[n1:]).all()
+    assert np.all(np.abs(y[n0:n1] - ref[n0:n1]) <= _product_bound(x, w)[n0:n1] + 1e-30)
+
+
+def test_gemv_rows_takes_the_zmm_path_where_the_target_has_avx512f():
+    assert dense.gemv_rows is (dense._rows_zmm if zmm.AVAILABLE else dense._rows_loop)
 
 
 def test_mismatched_k_is_refused(rng):
@@ -40,3 +70,38 @@ def test_batched_matmul_writes_into_the_array_given(rng, transpose_b):
                 np.empty((3, 5, 18), np.float32)[:, :, ::2]):
         with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
             batched_matmul(a, b, transpose_b=transpose_b, out=bad)
+
+
+GUARDED_READ = """
+import ctypes, mmap, sys
+import numpy as np
+from kernels import dense
+page = mmap.PAGESIZE
+region = mmap.mmap(-1, 2 * page)  # the weight ends where the second page, made unreadable, begins
+libc = ctypes.CDLL(None, use_errno=True)
+address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+assert libc.mprotect(ctypes.c_void_p(address + page), page, 0) == 0  # PROT_NONE
+k, n = 17, int(sys.argv[2])
+w = np.frombuffer(region, dtype=np.float32, count=n * k, offset=page - 4 * n * k).reshape(n, k)
+w[:] = np.arange(n * k, dtype=np.float32).reshape(n, k) / 100
+x = np.linspace(-1, 1, k, dtype=np.float32)
+y = np.empty(n, dtype=np.float32)
+getattr(dense, sys.argv[1])(x, w, y, 0, n)
+print(np.abs(y - w.astype(np.float64) @ x).max())
+"""
+
+
+@pytest.mark.parametrize("rows", ["_rows_loop", pytest.param("_rows_zmm", marks=pytest.mark.skipif(
+    not zmm.AVAILABLE, reason="the zmm path compiles only for a target with AVX-512F"))])
+@pytest.mark.parametrize("n", [4, 5])  # the last row in a group of four, or alone
+def test_the_row_tail_reads_nothing_past_the_weight(rows, n):
+    """A weight whose last row ends at an unreadable page: a load past its end would kill the process (run apart,
+    so that it fails this test, not the session)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", GUARDED_READ, rows, str(n)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout) < 1e-5
