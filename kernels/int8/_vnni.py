@@ -34,9 +34,16 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, KVM, shared with other jobs 
       four 32.1, a plain read (``simulator.calibrate``) 33.5. ``benchmarks/test_bench_int8.py``'s GEMV 8192²
       streamed as in decode (15 copies of the weights called in turn), alternating runs of v1 and v2: 2.66-2.67
       -> 2.39-2.41 ms, 3.56-3.57x -> 3.85-3.93x NumPy's float32 GEMV streamed alike (9.3-9.5 ms).
+  v3: the GEMM packs each panel when a worker reaches it, into that worker's own slot (K·NR bytes, in L2), instead
+      of all panels into a fresh (P, Kq, NR) array before the product (for 4096² a 16 MiB array whose pages every
+      call faulted in, written and then read back). ``Int8Linear`` 512 x 4096 x 4096 in turn with NumPy's sgemm
+      (15 pairs, OpenBLAS's workers sleeping at once: ``OPENBLAS_THREAD_TIMEOUT=4``), alternating fresh processes
+      with v2 (3 pairs): 20.6-22.1 -> 19.4-20.3 ms median, p90 22.0-22.6 -> 19.9-20.8 ms; 2.66-2.90x -> 2.82-3.04x
+      the sgemm.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -321,56 +328,70 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
                 y[m, n] = _gemv_output(c, m, n, absmax_x, absmax_w, x_o, cols, w_i8_t)
 
 
-@njit(parallel=True, cache=True)
-def pack_panels(w_i8_t, panels):
-    """panels[p, q, j] = the 4 bytes w[p·NR + j, 4q : 4q + 4] as one int32, zero past N and K: (P, Kq, NR)."""
+@njit(cache=True)
+def pack_panel(w_i8_t, p, panel):
+    """panel[q, j] = the 4 bytes w[p·NR + j, 4q : 4q + 4] as one int32, zero past N and K: panel p, (Kq, NR)."""
     N, K = w_i8_t.shape
-    P, Kq, _ = panels.shape
+    Kq = panel.shape[0]
     full = K // 4
-    for p in prange(P):
-        rows = min(NR, N - p * NR)
-        for q in range(full):  # q outer: the stores run in order, the 64 rows' lines stay in L1 for 16 steps
-            for j in range(rows):
-                panels[p, q, j] = load_int32(w_i8_t, (p * NR + j) * K + 4 * q)
-        if full < Kq:  # the last, partial group of 4 k, zero-padded
-            for j in range(rows):
-                tail = np.int64(0)
-                for r in range(K - 4 * full):
-                    tail |= (np.int64(w_i8_t[p * NR + j, 4 * full + r]) & 0xFF) << (8 * r)
-                panels[p, full, j] = np.int32(tail)
-        for q in range(Kq):  # outputs past N
-            for j in range(rows, NR):
-                panels[p, q, j] = 0
+    rows = min(NR, N - p * NR)
+    for q in range(full):  # q outer: the stores run in order, the 64 rows' lines stay in L1 for 16 steps
+        for j in range(rows):
+            panel[q, j] = load_int32(w_i8_t, (p * NR + j) * K + 4 * q)
+    if full < Kq:  # the last, partial group of 4 k, zero-padded
+        for j in range(rows):
+            tail = np.int64(0)
+            for r in range(K - 4 * full):
+                tail |= (np.int64(w_i8_t[p * NR + j, 4 * full + r]) & 0xFF) << (8 * r)
+            panel[full, j] = np.int32(tail)
+    for q in range(Kq):  # outputs past N
+        for j in range(rows, NR):
+            panel[q, j] = 0
 
 
 @njit(parallel=True, cache=True)
-def gemm(x_u8, panels, w_row_sums, absmax_x, absmax_w, out):
-    """out[m, n] = Σ_k x[m, k] · w[n, k] (int32, exact), from offset activations x_u8 (M, 4·Kq) and the packed
-    weight panels (P, Kq, NR); dequantized in the epilogue into a float32 ``out`` when absmax_x (M,) and absmax_w
-    (N,) are given (not empty), as ``_numba_cpu.dequantize`` computes it. One task per BM rows × one panel,
-    panel-major so that a thread's consecutive tasks reuse the panel from L2."""
+def gemm(x_u8, w_i8_t, w_row_sums, absmax_x, absmax_w, out, panels):
+    """out[m, n] = Σ_k x[m, k] · w[n, k] (int32, exact), from offset activations x_u8 (M, 4·Kq) and the int8
+    weight (N, K); dequantized in the epilogue into a float32 ``out`` when absmax_x (M,) and absmax_w (N,) are
+    given (not empty), as ``_numba_cpu.dequantize`` computes it.
+
+    The tasks are (panel of NR outputs, run of rows of X), panel-major, in one contiguous share per worker of
+    ``panels`` (T, Kq, NR) int32: each worker packs its panel into its own slot (K·NR bytes, which stay in L2) when
+    its next task starts another panel, then passes its rows of X over it in micro-tiles. A panel's rows of X are
+    split into runs only when there are fewer than two panels per worker."""
     M = x_u8.shape[0]
     N = out.shape[1]
-    P = panels.shape[0]
+    n_workers = panels.shape[0]
+    P = (N + NR - 1) // NR
     blocks_m = (M + BM - 1) // BM
+    runs = min(blocks_m, max(1, (2 * n_workers + P - 1) // P))  # runs of rows of X per panel
+    blocks_per_run = (blocks_m + runs - 1) // runs
+    n_tasks = P * runs
     inv = np.float32(1.0 / (QMAX * QMAX))
     dequantize = absmax_x.size > 0
-    for task in prange(P * blocks_m):
-        p = task // blocks_m
-        n0 = p * NR
+    for worker in prange(n_workers):
+        panel = panels[worker]  # (Kq, NR)
         tile = np.empty((MR, NR), dtype=np.int32)  # (MR, NR) wrapped sums of (x + 128)·w
-        for m0 in range((task % blocks_m) * BM, min((task % blocks_m) * BM + BM, M), MR):
-            micro_tile(x_u8, m0, panels[p], tile)
-            for i in range(min(MR, M - m0)):
-                m = m0 + i
-                if dequantize:
-                    row_scale = absmax_x[m] * inv
-                    for j in range(min(NR, N - n0)):
-                        c = _corrected(tile[i, j], w_row_sums[n0 + j])
-                        out[m, n0 + j] = np.float32(c) * (row_scale * absmax_w[n0 + j])
-                else:
-                    for j in range(min(NR, N - n0)):
-                        out[m, n0 + j] = _corrected(tile[i, j], w_row_sums[n0 + j])
+        packed = -1  # the panel in this worker's slot
+        for task in range(worker * n_tasks // n_workers, (worker + 1) * n_tasks // n_workers):
+            p, run = task // runs, task % runs
+            if p != packed:
+                pack_panel(w_i8_t, p, panel)
+                packed = p
+            n0 = p * NR
+            m_start = run * blocks_per_run * BM
+            for m0 in range(m_start, min(m_start + blocks_per_run * BM, M), MR):
+                micro_tile(x_u8, m0, panel, tile)
+                for i in range(min(MR, M - m0)):
+                    m = m0 + i
+                    if dequantize:
+                        row_scale = absmax_x[m] * inv
+                        for j in range(min(NR, N - n0)):
+                            c = _corrected(tile[i, j], w_row_sums[n0 + j])
+                            out[m, n0 + j] = np.float32(c) * (row_scale * absmax_w[n0 + j])
+                    else:
+                        for j in range(min(NR, N - n0)):
+                            out[m, n0 + j] = _corrected(tile[i, j], w_row_sums[n0 + j])
 
 
 @njit(parallel=True, cache=True)
@@ -395,11 +416,9 @@ def offset_activations(x_i8):
 def gemm_i8(x_u8, w_i8_t, w_row_sums, out, absmax_x=None, absmax_w=None):
     """out (M, N) = x (M, K) · w_i8_tᵀ from the offset activations x_u8 (M, K rounded up to 4): exact int32 sums
     into an int32 ``out``, or, given the absmax of the rows of x and of the outputs, dequantized into a float32
-    ``out``. Packs the panels, multiplies."""
-    N, K = w_i8_t.shape
+    ``out``. Each worker packs the weight's panels it needs into its own slot as it goes (``gemm``)."""
     Kq = x_u8.shape[1] // 4
-    panels = np.empty(((N + NR - 1) // NR, Kq, NR), dtype=np.int32)  # (P, Kq, NR)
-    pack_panels(w_i8_t, panels)
+    panels = np.empty((numba.get_num_threads(), Kq, NR), dtype=np.int32)  # (T, Kq, NR): one panel per worker
     if absmax_x is None:
         absmax_x = absmax_w = np.empty(0, dtype=np.float32)
-    gemm(x_u8, panels, w_row_sums, absmax_x, absmax_w, out)
+    gemm(x_u8, w_i8_t, w_row_sums, absmax_x, absmax_w, out, panels)
