@@ -45,7 +45,7 @@ def dot_path(request, monkeypatch):
 # K not a multiple of 64 (nor of 4), K < 64, N = 1, M = 1, M = 17 (not a multiple of the 6-row micro-tile), N not a
 # multiple of the 64-output panel, and more rows than one 96-row task
 GEMM_SHAPES = [(1, 1, 1), (1, 8192, 3), (3, 1000, 257), (64, 129, 130), (33, 4096, 1), (17, 63, 65), (17, 64, 64),
-               (1, 577, 1), (100, 5, 200), (97, 66, 63)]
+               (1, 577, 1), (100, 5, 200), (97, 66, 63), (200, 70, 130)]  # the last: a panel split in uneven runs
 
 
 @pytest.mark.parametrize("m, k, n", GEMM_SHAPES)
