@@ -22,7 +22,8 @@ class Timing:
 
 
 # Idle time before a measurement. NumPy's OpenBLAS worker threads spin for about 2^28 cycles (~0.1 s) after a
-# call (ioaware's own pool sleeps at once, kernels/_common/threads.py): without a pause, a NumPy BLAS call measured just
+# call (THREAD_TIMEOUT in OpenBLAS's driver/others/blas_server.c; OPENBLAS_THREAD_TIMEOUT sets the exponent, see the
+# README's Threads) while ioaware's own pool sleeps at once (kernels/_common/threads.py): without a pause, a NumPy BLAS call measured just
 # before steals the cores from the next measurement (flash attention at N=512 ran 2x slower right after it).
 SETTLE_S = 0.3
 

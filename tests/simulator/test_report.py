@@ -133,9 +133,14 @@ def test_interrupted_report_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_report(tmp_path, tiny_sizes, cpu_spec, no_model_extra, capsys):
+def test_cli_report(tmp_path, tiny_sizes, cpu_spec, no_model_extra, capsys, monkeypatch):
+    """The CLI's plumbing (its message, the run directory's mode, refusing an existing one) over two fast sections:
+    the whole quick report is the test above's."""
     import os
 
+    import simulator.report as report
+
+    monkeypatch.setattr(report, "SECTIONS", (report.machine_section, report.roofline_section))
     assert main(["report", "--quick", "--no-progress", "--hardware", "T4", "--out", str(tmp_path / "r")]) == 0
     assert "report written to" in capsys.readouterr().out
     assert "## Roofline of T4" in (tmp_path / "r" / "index.md").read_text()
