@@ -240,16 +240,16 @@ class SmolLM2:
             self.tokenizer, self.eps, self.context_length = None, 1e-5, None
         else:
             require_model_extra()
-            import gguf
-
             from tokenizers import Tokenizer
+
+            from .gguf_dequant import dequantize
 
             self.config = get_config("smollm2-135m")
             # the context length: the positions the model was trained on (8192 for SmolLM2-135M); RoPE past them is
             # extrapolation
             tokenizer_json, self.eps, self.context_length, stored = gguf_contents(fetch_gguf(gguf_path))
             self.tokenizer = Tokenizer.from_str(tokenizer_json)  # a model's own (its settings are mutable)
-            tensors = {name: gguf.dequantize(data, kind).astype(np.float32) for name, kind, data in stored}
+            tensors = {name: dequantize(data, kind) for name, kind, data in stored}  # float32, as gguf's
         self.embedding = np.ascontiguousarray(tensors["token_embd.weight"])  # (vocab, hidden), tied LM head
         self.lm_head = _linear(self.embedding, linear if quantize_lm_head else "fp32", keep_fp16_weights)
         self.final_norm = tensors["output_norm.weight"]

@@ -168,3 +168,21 @@ def test_passkey_csv_is_opened_before_the_evaluation(tmp_path, capsys):
 
     assert main(["passkey", "--contexts", "1024", "--csv", str(tmp_path / "missing" / "answers.csv")]) == 2
     assert "No such file or directory" in capsys.readouterr().err  # at once, not after the whole evaluation
+
+
+def test_the_gguf_is_parsed_once_per_file_and_again_when_it_changes(tmp_path, gguf_path):
+    import os
+    import shutil
+
+    from models.smollm2 import gguf_contents
+
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(gguf_path, copy)
+    first = gguf_contents(copy)
+    assert gguf_contents(copy) is first  # the same parse, not a second one
+    os.utime(copy, ns=(os.stat(copy).st_atime_ns, os.stat(copy).st_mtime_ns + 10**9))  # the file "changed"
+    again = gguf_contents(copy)
+    assert again is not first and again[:3] == first[:3]
+    copy.write_bytes(b"not a gguf at all")  # a file replaced by a bad one is parsed again, and refused
+    with pytest.raises(ValueError, match="is not a readable GGUF file"):
+        gguf_contents(copy)
