@@ -263,3 +263,17 @@ def test_streamed_layers_get_room_for_two_where_the_cache_buffer_is_small(tmp_pa
     small = RunContext(directory=tmp_path, quick=True, dram_buffer=np.ones(64 * 64, dtype=np.float32))
     room = streamed_buffer(small, 64)
     assert room.dtype == np.float32 and room.size >= 2 * 64 * 64
+
+
+def test_the_decode_caches_are_disjoint_views_of_the_dram_buffer():
+    import numpy as np
+
+    from simulator.report.kvcache import _caches_in
+
+    buffer = np.arange(100, dtype=np.float32)
+    pairs = _caches_in(buffer, (1, 2, 3, 2), 10)  # 12 floats per array: 4 pairs fit, not 10
+    assert len(pairs) == 4 and _caches_in(buffer, (1, 2, 3, 2), 0) == []
+    arrays = [a for pair in pairs for a in pair]
+    assert all(a.shape == (1, 2, 3, 2) and np.shares_memory(a, buffer) for a in arrays)
+    starts = sorted(int(a.reshape(-1)[0]) for a in arrays)
+    assert starts == list(range(0, 96, 12))  # consecutive, none overlapping another
