@@ -131,8 +131,9 @@ def _gguf_contents(path: str, size: int, mtime_ns: int):
     and process (``size`` and ``mtime_ns`` key a file that changed). Parsing the vocabulary's and merges' 98k
     strings took 2.2 s of a model's 3.6-3.9 s construction (2-vCPU Xeon); a report builds three to five models."""
     reader = open_gguf(path)
-    return (load_tokenizer(reader).to_str(), float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0]),
-            int(reader.fields["llama.context_length"].parts[-1][0]),
+    eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
+    context_length = int(reader.fields["llama.context_length"].parts[-1][0])
+    return (load_tokenizer(reader).to_str(), eps, context_length,
             tuple((t.name, t.tensor_type, t.data) for t in reader.tensors))
 
 

@@ -101,7 +101,7 @@ def test_the_row_tail_reads_nothing_past_the_weight(rows, n):
     import sys
     from pathlib import Path
 
-    done = subprocess.run([sys.executable, "-c", GUARDED_READ, rows, str(n)], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", GUARDED_READ, rows, str(n)], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout) < 1e-5
