@@ -44,10 +44,11 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       int8 head 4.04-4.22 -> 3.94-4.08 ms over four (within the noise; 188-225 -> 221-233 tokens/s).
   v7: the float32 rows on 512-bit vectors (``kernels.dense``, v3): fp32 ``generate`` alternating fresh processes
       with v6, 46.6-52.3 -> 50.1-54.6 tokens/s over six pairs (this VM's memory was slower than in v6's runs).
-  v8: eight tasks per thread and linear step instead of four (``TASKS_PER_THREAD``): the last task of a step, which
-      the other thread waits for, is half as long. Five pairs of fresh processes, one of each in turn: fp32
-      47.2-51.3 -> 48.0-52.9 tokens/s (faster in each pair, by 0.8-3.3), int8 + int8 head 139-200 -> 155-183
-      (within this VM's noise).
+  v8 (tried, not kept): eight tasks per thread and linear step instead of four, so that the last task of a step,
+      which the other thread waits for, is half as long. Five pairs of fresh processes: fp32 47.2-51.3 -> 48.0-52.9
+      tokens/s (faster in each pair), int8 + int8 head 139-200 -> 155-183; later, in a slower phase of the VM,
+      int8 + head 104-120 against 115-123 with four (three pairs). Not clearly better for int8, whose tasks hold
+      4x fewer bytes per row; a task size in bytes rather than rows is the next thing to measure.
 """
 from __future__ import annotations
 
@@ -64,10 +65,8 @@ from ..int8 import MAX_EXACT_K, Int8Linear
 from ..int8.rows import int8_rows, padded_k, path_marker, prepare
 from ._fused import _add_rms_norm, _rope_attend_group
 
-TASKS_PER_THREAD = 8  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
-# be covered by the others, and for the step's uneven end to cost a small task; a thread takes its own tasks in
-# order (its home block, v3), so that it streams one contiguous run of weight rows per step however many there are.
-# 4 -> 8 (v8): the threads' waits at the steps' ends 1.87 -> 1.34 ms per fp32 token (both threads together)
+TASKS_PER_THREAD = 4  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
+# be covered by the others, few enough that each task streams a long run of weight rows (v8 tried eight)
 MIN_ROWS_PER_TASK = 16  # outputs: a task is at least 16 rows (9-24 KB of int8 at K = 576-1536), whatever the count
 AHEAD_BYTES = 256 * 1024  # the most a waiting thread asks for of its next linear step's rows (``_wait_streaming``):
 # half the smallest L2 per core of current x86 server cores (512 KiB: AMD Zen 2 to Zen 3, AMD's software

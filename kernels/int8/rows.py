@@ -78,9 +78,7 @@ def _dot_rows4(x_u8, w_i8, n):
     return vsum(a0), vsum(a1), vsum(a2), vsum(a3)
 
 
-@njit(inline="always")  # into the caller: as a function of its own (cache=True), the same loop streamed SmolLM2's
-# int8 rows 4-8% slower (256 MiB of K = 576 rows, one and two threads, in turn with an inlined copy); the decode
-# step, alternating fresh processes, int8 + int8 head 135-145 -> 140-148 tokens/s over three pairs
+@njit(cache=True)
 def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
     # an atomic update of a line that every thread's view of it shares
