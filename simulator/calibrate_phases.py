@@ -25,7 +25,7 @@ from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
 from .calibrate import (CACHE_FILE, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled, launch_overhead,
                         machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
 from .hardware.spec import HardwareSpec
-from .measure import SETTLE_S, time_call
+from .measure import SETTLE_S, time_call, views
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -300,8 +300,7 @@ def decode_stream_rate(buffer, d: int, bc: int, threads: int) -> float:
 
     heads = 4 * threads
     n = (buffer.size // 4) // (heads * d) // bc * bc
-    k = buffer[:heads * n * d].reshape(heads, n, d)  # (heads, n, d)
-    v = buffer[heads * n * d:2 * heads * n * d].reshape(heads, n, d)  # (heads, n, d)
+    k, v = views(buffer, (heads, n, d), count=2)  # (heads, n, d) each
     q = np.ones((DECODE_ROWS, d), dtype=np.float32)  # (rows, d)
     s = np.empty((heads, DECODE_ROWS, bc), dtype=np.float32)  # (heads, rows, Bc)
     pv = np.empty((heads, DECODE_ROWS, d), dtype=np.float32)  # (heads, rows, d)
@@ -376,9 +375,8 @@ def _in_turn_seconds(calls, passes=3):
 def _dram_views(buffer, dtype, view_bytes, K):
     """(view_bytes // K // itemsize, K) views of the first half of ``buffer``, in order: distinct weights, each
     read from DRAM when they are called in turn (half the buffer is the largest cache the OS reports)."""
-    raw = buffer.reshape(-1).view(dtype)
-    n = max(1, view_bytes // raw.itemsize // K)
-    return [raw[i * n * K:(i + 1) * n * K].reshape(n, K) for i in range(raw.size // 2 // (n * K))]
+    n = max(1, view_bytes // np.dtype(dtype).itemsize // K)
+    return views(buffer, (n, K), dtype, count=buffer.nbytes // 2 // (n * K * np.dtype(dtype).itemsize))
 
 
 def gemv_rates(buffer, llc_bytes: float) -> dict:

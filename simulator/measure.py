@@ -23,8 +23,9 @@ class Timing:
 
 # Idle time before a measurement. NumPy's OpenBLAS worker threads spin for about 2^28 cycles (~0.1 s) after a
 # call (THREAD_TIMEOUT in OpenBLAS's driver/others/blas_server.c; OPENBLAS_THREAD_TIMEOUT sets the exponent, see the
-# README's Threads) while ioaware's own pool sleeps at once (kernels/_common/threads.py): without a pause, a NumPy BLAS call measured just
-# before steals the cores from the next measurement (flash attention at N=512 ran 2x slower right after it).
+# README's Threads) while ioaware's own pool sleeps at once (kernels/_common/threads.py): without a pause, a NumPy
+# BLAS call measured just before steals the cores from the next measurement (flash attention at N=512 ran 2x slower
+# right after it).
 SETTLE_S = 0.3
 
 # Warm-up after that pause, in seconds of calls. On a shared VM the data of a call idle for 30 ms or more is cold
@@ -67,6 +68,15 @@ def in_turn(calls):
     return call
 
 
+def views(buffer, shape, dtype=np.float32, count=None) -> list:
+    """Consecutive, disjoint C-contiguous arrays of ``shape`` laid over ``buffer`` read as ``dtype``, from its start:
+    ``count`` of them, or as many as fit (distinct data for calls taken in turn, without copies)."""
+    flat = buffer.reshape(-1).view(dtype)
+    size = int(np.prod(shape))
+    fit = flat.size // size
+    return [flat[i * size:(i + 1) * size].reshape(shape) for i in range(fit if count is None else min(count, fit))]
+
+
 def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, threshold: float = 6.0) -> tuple[float, float]:
     """Median seconds of a K = N = ``k`` GEMV of the float32 vector ``x`` (1, k), NumPy's float32 (``x @ Wᵀ``)
     and ``Int8Linear``'s, each as a decode step runs it: one call after another on distinct weights, the copies
@@ -79,11 +89,9 @@ def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, threshold: fl
     if flat.dtype != np.float32 or flat.size < 2 * k * k:
         raise ValueError(f"buffer must be float32 with room for two {k} x {k} weights; got {flat.dtype} "
                          f"{flat.size} elements")
-    fp32 = [flat[i * k * k:(i + 1) * k * k].reshape(k, k) for i in range(flat.size // (k * k))]
-    raw = flat.view(np.int8)
+    fp32 = views(flat, (k, k))
     ones, zeros = np.ones(k, dtype=np.float32), np.zeros(k, dtype=np.int32)
-    int8 = [Int8Linear(Int8Weight(raw[i * k * k:(i + 1) * k * k].reshape(k, k), ones, None, zeros),
-                       threshold=threshold) for i in range(raw.size // (k * k))]
+    int8 = [Int8Linear(Int8Weight(w, ones, None, zeros), threshold=threshold) for w in views(flat, (k, k), np.int8)]
     t_fp32 = time_call(in_turn([lambda w=w: x @ w.T for w in fp32]), repeats=repeats, warmup=len(fp32))
     t_int8 = time_call(in_turn([lambda layer=layer: layer(x) for layer in int8]), repeats=repeats, warmup=2)
     return t_fp32.median_s, t_int8.median_s

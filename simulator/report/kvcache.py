@@ -16,7 +16,7 @@ from kernels.attn import default_blocks
 
 from .. import costs
 from ..costs import phases
-from ..measure import time_call
+from ..measure import time_call, views
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
 from .measured import dram_buffer, error_pct, fresh_rates
@@ -32,10 +32,8 @@ DECODE_SIZES = {True: (4096, 8192), False: (4096, 16384, 65536)}  # keyed by qui
 
 def _caches_in(buffer, shape, count):
     """Up to ``count`` (K, V) pairs of ``shape`` (float32), each pair its own consecutive slice of ``buffer``."""
-    size = int(np.prod(shape))
-    pairs = min(max(0, count), buffer.size // (2 * size))
-    return [(buffer[2 * i * size:(2 * i + 1) * size].reshape(shape),
-             buffer[(2 * i + 1) * size:(2 * i + 2) * size].reshape(shape)) for i in range(pairs)]
+    arrays = views(buffer, shape, count=2 * max(0, count))
+    return list(zip(arrays[0::2], arrays[1::2]))
 
 
 @planned(lambda quick: 1 + len(DECODE_SIZES[quick]))  # cache memory, one per decode size
