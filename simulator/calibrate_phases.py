@@ -333,33 +333,58 @@ def _rows_fp32(x, w, y, threads):
 
 
 @njit(parallel=True, cache=True)
-def _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads):
+def _rows_int8(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads):
     per = (w.shape[0] + threads - 1) // threads
     for t in prange(threads):
-        int8_rows(path, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per, min(w.shape[0], (t + 1) * per))
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per, min(w.shape[0], (t + 1) * per))
+
+
+@njit(cache=True)
+def _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, times):
+    for _ in range(times):  # on the calling thread
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0])
 
 
 def decode_step_rates(buffer, threads: int) -> dict:
     """Weight bytes/s of the decode step's row kernels from DRAM: ``kernels.dense.gemv_rows`` over a (N, STEP_K)
     float32 view of a quarter of the mapped ``buffer``, and ``kernels.int8.rows.int8_rows`` (the path
     ``Int8Linear`` takes, no outlier feature) over the same bytes as int8, each split into one contiguous run of
-    rows per thread in one parallel region; the region's launch is included, as the step pays one too."""
+    rows per thread in one parallel region; the region's launch is included, as the step pays one too. And
+    ``step_outlier_s``, a thread's seconds per output and outlier feature in ``int8_rows``: the same rows with
+    OUTLIER_FEATURES outliers against none, on the calling thread, over a weight of half its L2 read 20 times in one
+    call (so that the difference is the float16 products, not DRAM's or a region's launch's noise)."""
     K = STEP_K
     quarter = buffer[:buffer.size // 4 // K * K]
     w32 = quarter.reshape(-1, K)  # (N, K)
     w8 = quarter.view(np.int8).reshape(-1, K)  # (4N, K): the same bytes as int8 weights (their values do not matter)
     x = np.ones(K, dtype=np.float32)
     y32, y8 = np.empty(w32.shape[0], np.float32), np.empty(w8.shape[0], np.float32)
-    flags, cols = np.empty(K, np.bool_), np.empty(K, np.int64)
-    x_o, x_u8, absmax_x = np.empty((1, K), np.float32), np.empty((1, padded_k(K)), np.uint8), np.empty(1, np.float32)
+    flags, cols, x_o, x_u8, absmax_x = (np.empty(K, np.bool_), np.empty(K, np.int64), np.empty((1, K), np.float32),
+                                        np.empty((1, padded_k(K)), np.uint8), np.empty(1, np.float32))
     prepare(x[None], 0.0, flags, cols, x_o, x_u8, absmax_x)  # threshold 0: no outlier feature
     absmax_w, row_sums = np.ones(w8.shape[0], np.float32), np.zeros(w8.shape[0], np.int32)
     path = path_marker()
+
+    def int8(J, w):
+        return _rows_int8(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads)
+
     _rows_fp32(x, w32[:8], y32, threads)  # compile and warm
-    _rows_int8(path, x_u8, cols, x_o, absmax_x, w8[:8], absmax_w, row_sums, y8, threads)
-    return {"step_fp32_dram": w32.nbytes / _best(lambda: _rows_fp32(x, w32, y32, threads), repeats=3, warmup=0),
-            "step_int8_dram": w8.nbytes / _best(lambda: _rows_int8(path, x_u8, cols, x_o, absmax_x, w8, absmax_w,
-                                                                   row_sums, y8, threads), repeats=3, warmup=0)}
+    int8(0, w8[:8])
+    rates = {"step_fp32_dram": w32.nbytes / _best(lambda: _rows_fp32(x, w32, y32, threads), repeats=3, warmup=0),
+             "step_int8_dram": w8.nbytes / _best(lambda: int8(0, w8), repeats=3, warmup=0)}
+    x_outliers = np.ones((1, K), dtype=np.float32)
+    x_outliers[0, ::K // OUTLIER_FEATURES] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
+    J = prepare(x_outliers, 6.0, flags, cols, x_o, x_u8, absmax_x)
+    resident, times = w8[:max(1, cache_sizes().get("L2", 2**20) // 2 // K)], 20
+
+    def again(J):
+        return _best(lambda: _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, resident, absmax_w, row_sums, y8,
+                                              times), repeats=5, warmup=1)
+
+    products = times * resident.shape[0] * J
+    # (a floor of a picosecond where the noise hides the difference: a rate file holds no zero)
+    rates["step_outlier_s"] = max(again(J) - again(0), 1e-12 * products) / products
+    return rates
 
 
 def _in_turn_seconds(calls, passes=3):

@@ -53,6 +53,7 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
 from __future__ import annotations
 
 import threading
+import time
 
 import numba
 import numpy as np
@@ -169,7 +170,7 @@ def _wait_ahead(counters, done, n_tasks, w, first_task, last_task, rows_per_task
 
 @njit(cache=True)
 def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h,
-            quant_i, rot):
+            quant_i, rot, outliers):
     """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
     kinds, layers, tasks, rows, ahead = plan
     # the blocks' weights in one arena of their kind (``_arena``: layer by layer), their scales blocks_*[j] (L, out)
@@ -219,8 +220,10 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
                 # x += the residual branch (none before the first block), h = RMSNorm(x) · weight, h prepared
                 _add_rms_norm(x, residual, norm, eps, h)
                 _prepare(is_int8, threshold, h, quant)
+                outliers[lin] += n_outliers[0] if is_int8 else 0  # one task: this thread alone writes it
             elif kind == PREP_O or kind == PREP_ACT:
                 _prepare(is_int8, threshold, v_in, quant)
+                outliers[lin] += n_outliers[0] if is_int8 else 0
             elif kind == ATTEND:  # kv head t: rotate, write the slot, attend (its query heads)
                 _rope_attend_group(qkv, cos, sin, k_cache, v_cache, slots[layer], scale, o, t)
             elif kind == GATE_UP:  # gate and up rows of the same features, then SwiGLU (Shazeer 2020)
@@ -264,12 +267,12 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
 
 @njit(parallel=True, cache=True)
 def _run(n_workers, plan, counters, path, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts,
-         shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot):
+         shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers):
     # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
     for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
         _worker(worker, n_workers, plan, counters, path,
                 (arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes), lin_kind,
-                thresholds, norms, kv, bufs, quant_h, quant_i, rot)
+                thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
 
 
 # -- the public class -----------------------------------------------------------------------------------------------
@@ -398,6 +401,10 @@ class LlamaDecodeStep:
         self._int8 += [(4 * L, head)] if self.int8_head else []
         self._lin_kind = np.array([int(self.int8_layers)] * 4 * L + [int(self.int8_head)], dtype=np.int8)
         self._thresholds = np.zeros(4 * L + 1, dtype=np.float32)  # of the int8 linears, read at each call
+        self._outliers = _lines((4 * L + 1,), np.int64)  # the outlier features each int8 linear met, all calls
+        self._outliers[:] = 0
+        self._calls = 0
+        self._outputs = np.array([s[0] for s in expected] * L + [self.vocab], dtype=np.int64)  # of each linear
         self._norms = (_norms("attn_norms", attn_norms, (L, H)), _norms("ffn_norms", ffn_norms, (L, H)),
                        _norms("final_norm", final_norm, (H,)), self.eps)
         # the kernel's weights: the blocks' arena of their kind, their scales and row sums as four stacks (one tuple
@@ -482,13 +489,68 @@ class LlamaDecodeStep:
             counters[:] = 0
             _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
                  self._norms, (keys, values, slots), (x, h, *self._work, out, self._empty),
-                 *self._quant, rot)
+                 *self._quant, rot, self._outliers)
+            self._calls += 1
             result = (out if logits else h).copy()
             not_finite = counters[n_counted]
         if not_finite:
             raise ValueError(f"the decode step produced {not_finite} values that are not finite (a hidden state past "
                              f"float32's range)")
         return result
+
+    @property
+    def outlier_products(self) -> float:
+        """The int8 linears' outputs times the outlier features of their inputs, per call so far (0 before the
+        first): the products of LLM.int8()'s float16 path in a token, which depend on the data (the hidden states'
+        features of magnitude >= the threshold), not on the shapes."""
+        return float(self._outputs @ self._outliers) / self._calls if self._calls else 0.0
+
+    def fixed_seconds(self, context, *, calls=15, seed=0):
+        """The median seconds of one token's step without its weights: the same region, steps and tasks at
+        ``context`` cached tokens per block, every task claimed and waited for, the serial ones (the norms, the
+        quantization of the int8 linears' inputs, the attention over context + 1 tokens) done as in a call, the linear
+        tasks given no rows (they read no weight and ask for none ahead). What a token costs beside streaming its
+        weights: the launch, the serial work and the threads' hand-offs between steps (``simulator.report.model``
+        adds it to the weights' streaming time). Works on buffers of its own: no cache or state of a caller's is
+        touched."""
+        if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 0:
+            raise ValueError(f"context must be an int >= 0; got {context!r}")
+        if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or calls < 1:
+            raise ValueError(f"calls must be an int >= 1; got {calls!r}")
+        rng = np.random.default_rng(seed)
+        shape = (self.n_layers, self.n_kv_heads, int(context) + 1, self.head_dim)
+        keys, values = (rng.standard_normal(shape, dtype=np.float32) for _ in range(2))
+        slots = np.full(self.n_layers, int(context), dtype=np.int64)
+        angles = rng.uniform(0.0, 2 * np.pi, self.head_dim // 2)
+        rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
+        n_workers = numba.get_num_threads()
+        kinds, layers, tasks, rows, ahead = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
+                                                  self.int8_head, True, n_workers)
+        rows = np.where(np.isin(kinds, LINEAR_STEPS), 0, rows)  # a linear task of no rows: n0 = n1 = 0
+        plan = (kinds, layers, tasks, rows, ahead)
+        f32 = np.float32
+        x = _lines((self.hidden,), f32)
+        work = tuple(_lines(a.shape, f32) for a in self._work)
+        for a in (x, *work):  # what the linears would have written: finite values of a hidden state's size
+            a[:] = rng.standard_normal(a.size, dtype=f32)
+        h, out = _lines((self.hidden,), f32), _lines((self.vocab,), f32)
+        quant = (_quant_buffers(self.hidden), _quant_buffers(self.intermediate))
+        n_counted = kinds.size * (n_workers + 1) * COUNTER_STRIDE
+        counters = _lines((n_counted + COUNTER_STRIDE,), np.int64)
+        thresholds = self._thresholds.copy()
+        for lin, layer in self._int8:
+            thresholds[lin] = layer.threshold
+        seconds = []
+        with self._lock:
+            for _ in range(calls + 1):  # the first call compiles nothing new but warms the buffers: not counted
+                x0 = x.copy()
+                counters[:] = 0
+                start = time.perf_counter()
+                _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, thresholds,
+                     self._norms, (keys, values, slots), (x0, h, *work, out, self._empty), *quant, rot,
+                     np.zeros_like(self._outliers))
+                seconds.append(time.perf_counter() - start)
+        return float(np.median(seconds[1:]))
 
 
 def _shape(w):

@@ -62,7 +62,7 @@ _FIELDS = (
     ("read_all_llc", 1e9, "GB/s"), ("read_one_llc", 1e9, "GB/s"), ("read_one_dram", 1e9, "GB/s"),
     ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
     ("gemv_fp32_dram", 1e9, "GB/s"), ("gemv_fp32_dram_wide", 1e9, "GB/s"),
-    ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"),
+    ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"), ("step_outlier_s", 1e-9, "ns"),
     ("int8_gemv_llc", 1e9, "GB/s"), ("int8_gemv_dram", 1e9, "GB/s"), ("int8_gemv_one_llc", 1e9, "GB/s"),
     ("int8_gemv_one_dram", 1e9, "GB/s"), ("int8_outlier_s", 1e-9, "ns"),
     ("launch_s", 1e-6, "us"), ("attention_call_s", 1e-6, "us"), ("int8_call_s", 1e-6, "us"),
@@ -105,7 +105,8 @@ class PhaseRates:
     rate depends on the row length, 33 against 28 GB/s on the 2-vCPU Xeon);
     ``step_fp32_dram`` and ``step_int8_dram``: the weight bytes/s at which the row kernels of the one-region
     decode step (``kernels.dense.gemv_rows``, ``kernels.int8.rows.int8_rows``) stream a weight from DRAM, its
-    rows split evenly over all threads in one parallel region. ``int8_gemv_llc``, ``int8_gemv_dram``,
+    rows split evenly over all threads in one parallel region; ``step_outlier_s`` a thread's seconds per output and
+    outlier feature in ``int8_rows`` (the float16 path's products). ``int8_gemv_llc``, ``int8_gemv_dram``,
     ``int8_gemv_one_llc`` and ``int8_gemv_one_dram``: the int8 weight bytes/s of ``Int8Linear``'s one-vector
     kernel on all threads from the cache and from DRAM, and on the calling thread from the cache and from DRAM
     (each call's fixed cost left out); ``int8_outlier_s`` a thread's seconds per output and outlier feature.
@@ -146,6 +147,7 @@ class PhaseRates:
     gemv_fp32_dram_wide: float
     step_fp32_dram: float
     step_int8_dram: float
+    step_outlier_s: float
     int8_gemv_llc: float
     int8_gemv_dram: float
     int8_gemv_one_llc: float

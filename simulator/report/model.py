@@ -70,7 +70,9 @@ def model_section(ctx: RunContext) -> Section:
                            f"{float(s['bound_tokens_per_s']):.0f})" for s in speed)
     speed_table = "\n".join(
         f"| {s['variant']} | {float(s['measured_ms_per_token']):.2f} | {float(s['predicted_ms_per_token']):.2f} | "
-        f"{float(s['error_pct']):+.0f}% | {float(s['bound_tokens_per_s']):.0f} |" for s in speed)
+        f"{float(s['predicted_streaming_ms']):.2f} | {float(s['predicted_outliers_ms']):.2f} | "
+        f"{float(s['predicted_fixed_ms']):.2f} | {float(s['error_pct']):+.0f}% | {float(s['bound_tokens_per_s']):.0f} |"
+        for s in speed)
     body = (f"SmolLM2-135M-Instruct (the PyPI GGUF, dequantized to float32) running on `kernels.attention` and "
             f"`kernels.int8`. Perplexity over the first {n_tokens} tokens of Python's help topics "
             f"(`pydoc_data.topics`, sorted keys, joined by blank lines):\n\n| linear layers | perplexity |\n|---|---|\n"
@@ -78,16 +80,19 @@ def model_section(ctx: RunContext) -> Section:
             f"layer and linear below: {down} dimension-hits in the down projections' inputs (the SwiGLU "
             f"products) against {other} in all other linears together, so that is where the float16 path "
             f"works.\n\n![outlier dimensions per layer](smollm2_outliers.png)\n\n"
-            f"Decode (one token at a time, 24 tokens): {speed_text}; the bound is the weight bytes read per token "
-            f"over this machine's all-core read bandwidth ({read_bw / 1e9:.1f} GB/s, measured in this run). The "
-            f"tied LM head stays float32 unless quantized too; the int8 rows keep int8 weights only (the float16 "
+            f"Decode (one token at a time, {DECODE_TOKENS} tokens): {speed_text}; the bound is the weight bytes read "
+            f"per token over this machine's all-core read bandwidth ({read_bw / 1e9:.1f} GB/s, measured in this run). "
+            f"The tied LM head stays float32 unless quantized too; the int8 rows keep int8 weights only (the float16 "
             f"copy of the outlier rows runs one call per linear, not timed here). Each of these models decodes a "
             f"token in one parallel region (`kernels.decode.LlamaDecodeStep`): *predicted* times every weight's "
             f"bytes at the rate the step's row kernels stream a weight from DRAM (float32 "
             f"{rates.step_fp32_dram / 1e9:.1f} GB/s, int8 {rates.step_int8_dram / 1e9:.1f} GB/s, measured in this "
-            f"run over one long run of rows per thread) plus one region's launch; attention over the few cached "
-            f"tokens, the norms and SwiGLU are left out.\n\n"
-            f"| variant | measured ms/token | predicted ms/token | error | bound tokens/s |\n|---|---|---|---|---|\n"
+            f"run over one long run of rows per thread), plus the float16 products of the outlier features the "
+            f"int8 linears met ({rates.step_outlier_s * 1e9:.2f} ns per output and feature on a thread), plus the "
+            f"step's fixed part, timed by running it with no weight rows: its launch, the norms, the quantization of "
+            f"the int8 inputs, the attention over the cache and the threads' hand-offs between steps.\n\n"
+            f"| variant | measured ms/token | predicted ms/token | of which streaming | outliers | fixed | error | "
+            f"bound tokens/s |\n|---|---|---|---|---|---|---|---|\n"
             f"{speed_table}\n\n"
             f"Data: [smollm2_perplexity.csv](smollm2_perplexity.csv), [smollm2_outliers.csv](smollm2_outliers.csv), "
             f"[smollm2_decode.csv](smollm2_decode.csv)\n")
@@ -95,12 +100,25 @@ def model_section(ctx: RunContext) -> Section:
                                                            "smollm2_outliers.png", "smollm2_decode.csv"))
 
 
-def predicted_seconds_per_token(model, rates) -> float:
-    """One decode token's predicted time for a model that decodes in one parallel region
-    (``kernels.decode.LlamaDecodeStep``: float32 layers, or int8 ones with int8 weights only): every weight's bytes
-    at the rate the step's row kernels stream them from DRAM (``rates.step_fp32_dram``, ``rates.step_int8_dram``)
-    and one region's launch. The attention over the few cached tokens, the norms and SwiGLU are left out."""
-    if model._one_region_step() is None:
+def predicted_seconds_per_token(model, rates, context) -> float:
+    """One decode token's predicted time: the sum of ``decode_token_parts``."""
+    return sum(decode_token_parts(model, rates, context).values())
+
+
+def decode_token_parts(model, rates, context) -> dict:
+    """One decode token's predicted seconds in parts, for a model that decodes in one parallel region
+    (``kernels.decode.LlamaDecodeStep``: float32 layers, or int8 ones with int8 weights only), at ``context`` cached
+    tokens: every weight's bytes at the rate the step's row kernels stream them from DRAM (``rates.step_fp32_dram``,
+    ``rates.step_int8_dram``); the float16 products of the int8 linears' outlier features, as many per token as the
+    step has met so far (``LlamaDecodeStep.outlier_products``: they depend on the text), at ``rates.step_outlier_s``
+    on each thread; and the step's fixed part, timed now: the same region with no weight rows to read, that is its
+    launch, its serial tasks (the norms, the int8 inputs' quantization, the attention over the cache) and the
+    threads' hand-offs between its steps (``LlamaDecodeStep.fixed_seconds``). Keys: streaming_s, outliers_s,
+    fixed_s."""
+    import numba
+
+    step = model._one_region_step()
+    if step is None:
         raise ValueError("only a model that decodes in one parallel region (float32, or int8 weights only) is "
                          "predicted here")
     int8_blocks = model.linear != "fp32"
@@ -111,24 +129,31 @@ def predicted_seconds_per_token(model, rates) -> float:
     def stream(nbytes, int8):
         return nbytes / (rates.step_int8_dram if int8 else rates.step_fp32_dram)
 
-    return stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head) + rates.launch_s
+    return {"streaming_s": stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head),
+            "outliers_s": step.outlier_products * rates.step_outlier_s / numba.get_num_threads(),
+            "fixed_s": step.fixed_seconds(context)}
+
+
+PROMPT, DECODE_TOKENS = "Once upon a time", 24  # what the decode rows generate
 
 
 def _decode_speed(model, label, rates):
-    """Decode tokens/s (24 tokens after a warm-up) beside the bound, weight bytes per token over the all-core read
-    rate (the block linears in their precision, the tied LM head float32 unless quantized), and the predicted
-    time per token (``predicted_seconds_per_token``)."""
-    prompt = model.encode("Once upon a time")
+    """Decode tokens/s (DECODE_TOKENS after a warm-up) beside the bound, weight bytes per token over the all-core
+    read rate (the block linears in their precision, the tied LM head float32 unless quantized), and the predicted
+    time per token (``predicted_seconds_per_token`` at the decode's mean context)."""
+    prompt = model.encode(PROMPT)
     model.generate(prompt, 2)
     timings = {}
-    out = model.generate(prompt, 24, timings=timings)
+    out = model.generate(prompt, DECODE_TOKENS, timings=timings)
     weight_bytes = model.weight_bytes_per_token()
     measured = timings["decode_s"] / len(out)
-    predicted = predicted_seconds_per_token(model, rates)
+    parts = decode_token_parts(model, rates, len(prompt) + (len(out) - 1) // 2)
+    predicted = sum(parts.values())
     return {"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
             "weight_bytes_per_token": weight_bytes,
             "bound_tokens_per_s": f"{rates.read_all / weight_bytes:.3g}",
             "measured_ms_per_token": f"{measured * 1e3:.4g}", "predicted_ms_per_token": f"{predicted * 1e3:.4g}",
+            **{f"predicted_{k[:-2]}_ms": f"{v * 1e3:.3g}" for k, v in parts.items()},
             "error_pct": f"{error_pct(predicted, measured):.1f}"}
 
 

@@ -147,6 +147,51 @@ def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path):
         assert np.array_equal(step(x, cos, sin, keys, values, [3, 1]), ref)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_step_counts_the_outlier_products_its_int8_linears_meet(rng, monkeypatch, threads):
+    # per call: each int8 linear's outputs times its input's features of |v| >= threshold (LLM.int8()'s float16 part)
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    assert step.outlier_products == 0.0  # before the first call
+    met, call = [], Int8Linear.__call__
+
+    def counted(linear, v, *args, **kwargs):
+        met.append(linear.weight.shape[0] * int(np.sum(np.abs(v) >= linear.threshold)))
+        return call(linear, v, *args, **kwargs)
+
+    monkeypatch.setattr(Int8Linear, "__call__", counted)
+    cos, sin = np.ones(4, np.float32), np.zeros(4, np.float32)
+    per_call = []
+    for token in range(3):
+        x = (3 * rng.standard_normal(32)).astype(np.float32)
+        keys, values = (rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for _ in range(2))
+        before = len(met)
+        _per_layer(layers, an, fn, final, head, x.copy(), cos, sin, keys.copy(), values.copy(), [token, 1], 8, 1e-5)
+        per_call.append(sum(met[before:]))
+        with numba_threads(threads):
+            step(x, cos, sin, keys, values, [token, 1])
+    assert sum(per_call) > 0  # inputs of scale 3 against a threshold of 1.5 have outliers
+    assert step.outlier_products == pytest.approx(np.mean(per_call), rel=1e-12)
+
+
+def test_the_fixed_part_is_timed_without_touching_the_callers_state(rng):
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    keys, values = (rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for _ in range(2))
+    x = rng.standard_normal(32).astype(np.float32)
+    cos, sin = np.ones(4, np.float32), np.zeros(4, np.float32)
+    first = step(x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1])
+    products = step.outlier_products
+    assert step.fixed_seconds(3) > 0 and step.fixed_seconds(0, calls=1) > 0
+    assert step.outlier_products == products  # its calls are not the caller's
+    assert np.array_equal(step(x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1]), first)
+    for bad in (-1, 2.5, True, None):
+        with pytest.raises(ValueError, match="context"):
+            step.fixed_seconds(bad)
+    with pytest.raises(ValueError, match="calls"):
+        step.fixed_seconds(3, calls=0)
+
+
 def test_bad_calls_are_refused(rng):
     layers, an, fn, final, head = _model(rng, 2, 2, 1, 4, 8, 10, False, False, 6.0)
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)

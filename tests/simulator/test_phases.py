@@ -26,7 +26,7 @@ RATES = PhaseRates(
     first_touch_all=20e9, gemm_qk=250e9, gemm_pv=250e9, gemm_block=120e9, exp_block=3e9, max_block=12e9, fma_block=10e9,
     row_step_s=200e-9, read_all_llc=40e9, read_one_llc=30e9, read_one_dram=12e9,
     decode_stream=8e9, gemv_fp32_llc=30e9,
-    gemv_fp32_dram=20e9, gemv_fp32_dram_wide=17e9, step_fp32_dram=18e9, step_int8_dram=22e9,
+    gemv_fp32_dram=20e9, gemv_fp32_dram_wide=17e9, step_fp32_dram=18e9, step_int8_dram=22e9, step_outlier_s=2e-9,
     int8_gemv_llc=35e9, int8_gemv_dram=21e9, int8_gemv_one_llc=24e9, int8_gemv_one_dram=9e9, int8_outlier_s=3e-9,
     launch_s=50e-6, attention_call_s=100e-6, int8_call_s=20e-6, gemm_d=64, block_br=512, block_bc=512,
     llc_curve_bytes=(4 * 2**20, 32 * 2**20, 128 * 2**20), llc_curve_fraction=(1.0, 0.5, 0.0),
