@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -67,6 +68,29 @@ def test_cache_fraction_runs_from_the_cache_to_dram():
     # a pass's rate lies between its two measured ends
     for s in sizes:
         assert RATES.exp_dram <= phases.pass_rate(RATES, "exp", s) <= RATES.exp_llc
+
+
+@pytest.mark.parametrize("rates, first, expected", [
+    ((30.0, 30.0, 15.0, 10.0), 0, (1.0, 1.0, math.log(1.5) / math.log(3.0), 0.0)),
+    ((20.0, 30.0, 10.0), 0, (1.0, 1.0, 0.0)),  # a slower first size: the cache's rate is the fastest
+    ((30.0, 12.0, 20.0, 10.0), 0, (1.0, math.log(1.2) / math.log(3.0), math.log(1.2) / math.log(3.0), 0.0)),
+    ((50.0, 30.0, 20.0, 10.0), 1, (1.0, 1.0, math.log(2.0) / math.log(3.0), 0.0)),  # from the shared sizes on
+])
+def test_curve_fractions_fall_from_the_fastest_rate_and_never_rise(rates, first, expected):
+    from simulator.calibrate_phases import curve_fractions
+
+    assert curve_fractions(rates, first) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_softmax_passes_run_over_the_whole_s_and_p_allocation():
+    # S and P lie in one allocation of 2·S, and subtract streams both: each pass is placed on the cache curve at
+    # 2·S, not at the S or P it reads (RATES's one-core curve falls from 0.5 at 32 MiB to 0 at 128 MiB)
+    n = 1024  # 8 heads: S = 32 MiB
+    got = {p.name: p for p in phases.standard_phases(RATES, 1, 8, 8, n, n, 64)}
+    s_bytes = 8 * n * n * 4
+    assert got["sum"].seconds == pytest.approx(s_bytes / phases.pass_rate(RATES, "reduce", 2 * s_bytes))
+    assert got["exp"].seconds == pytest.approx(8 * n * n / phases.pass_rate(RATES, "exp", 2 * s_bytes))
+    assert phases.pass_rate(RATES, "reduce", 2 * s_bytes) < phases.pass_rate(RATES, "reduce", s_bytes)
 
 
 @pytest.mark.parametrize("causal", [False, True])
