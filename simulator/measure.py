@@ -97,6 +97,24 @@ def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, threshold: fl
     return t_fp32.median_s, t_int8.median_s
 
 
+def decode_seconds(buffer, q, k, v, llc_bytes: float, *, repeats: int = 40) -> float:
+    """Median seconds of one decode call, ``kernels.attention(q, K, V, causal=True)`` for the new token's query q
+    (B, Hq, 1, d), as a model's layers meet their caches: (k, v) first, then consecutive views of ``buffer`` (a
+    float32 array whose pages are mapped) of their shape, taken in turn, enough of them to exceed ``llc_bytes``
+    twice, so that K and V come from DRAM. The views' values are the buffer's: no kernel branches on them."""
+    import itertools
+    import math
+
+    import kernels
+
+    extra = max(0, math.ceil(2 * llc_bytes / (2 * k.nbytes)) - 1)
+    arrays = views(buffer, k.shape, count=2 * extra)
+    caches = [(k, v)] + list(zip(arrays[0::2], arrays[1::2]))
+    turn = itertools.cycle(caches)
+    return time_call(lambda: kernels.attention(q, *next(turn), causal=True), repeats=repeats,
+                     warmup=len(caches)).median_s
+
+
 @dataclass(frozen=True)
 class PeakMemory:
     """Memory a call needs above what the process held before it.

@@ -2,12 +2,9 @@
 over a full and a pruned cache measured on this machine beside the cost model's prediction."""
 from __future__ import annotations
 
-import itertools
-import math
 
 import numpy as np
 
-import kernels
 from kernels.cpuinfo import cache_sizes
 from kernels.kvprune import snapkv_compress
 from models import get_config, kv_cache_bytes
@@ -16,7 +13,7 @@ from kernels.attn import default_blocks
 
 from .. import costs
 from ..costs import phases
-from ..measure import time_call, views
+from ..measure import decode_seconds
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
 from .measured import dram_buffer, error_pct, fresh_rates
@@ -28,12 +25,6 @@ HQ, HKV, D = 9, 3, 64  # SmolLM2-135M's attention layout
 
 
 DECODE_SIZES = {True: (4096, 8192), False: (4096, 16384, 65536)}  # keyed by quick
-
-
-def _caches_in(buffer, shape, count):
-    """Up to ``count`` (K, V) pairs of ``shape`` (float32), each pair its own consecutive slice of ``buffer``."""
-    arrays = views(buffer, shape, count=2 * max(0, count))
-    return list(zip(arrays[0::2], arrays[1::2]))
 
 
 @planned(lambda quick: 1 + len(DECODE_SIZES[quick]))  # cache memory, one per decode size
@@ -58,18 +49,12 @@ def kvcache_section(ctx: RunContext) -> Section:
         q = rng.standard_normal((1, HQ, n, D), dtype=np.float32)
         k, v = (rng.standard_normal((1, HKV, n, D), dtype=np.float32) for _ in range(2))
         k_c, v_c, _ = snapkv_compress(q, k, v, capacity=capacity)
-        q_new = q[:, :, -1:]
         # each side cycles through enough caches to exceed the last-level cache twice: a model's layers each
         # have their own, so K and V come from DRAM. After the real one, the caches are views of the run's DRAM
-        # buffer (its values do not change the time: no kernel branches on them), not hundreds of copies made
-        # and filled for each size (16 s of the quick report where the OS reports a 480 MiB L3)
-        buffer = dram_buffer(ctx)
-        full = [(k, v)] + _caches_in(buffer, k.shape, math.ceil(2 * llc / (2 * k.nbytes)) - 1)
-        pruned = [(k_c, v_c)] + _caches_in(buffer, k_c.shape, math.ceil(2 * llc / (2 * k_c.nbytes)) - 1)
-        for label, caches in (("full", full), ("snapkv", pruned)):
-            turn = itertools.cycle(caches)
-            t = time_call(lambda q=q_new, turn=turn: kernels.attention(q, *next(turn), causal=True), repeats=40,
-                          warmup=len(caches)).median_s
+        # buffer, not hundreds of copies made and filled for each size (16 s of the quick report where the OS
+        # reports a 480 MiB L3)
+        for label, (kk, vv) in (("full", (k, v)), ("snapkv", (k_c, v_c))):
+            t = decode_seconds(dram_buffer(ctx), q[:, :, -1:], kk, vv, llc)
             kept = n if label == "full" else capacity
             cost = costs.decode(1, HQ, HKV, n, D, elem_bytes=4, capacity=None if label == "full" else capacity,
                                 Bc=bc)
@@ -79,7 +64,6 @@ def kvcache_section(ctx: RunContext) -> Section:
                          "error_pct": f"{error_pct(predicted, t):.1f}",
                          "roofline_s": f"{float(cost.time(ctx.cpu).seconds):.6g}",
                          "hbm_bytes": int(cost.hbm_bytes)})
-        del full, pruned
     write_csv(ctx.directory / "kv_decode.csv", rows)
     plot_kvcache(ctx.directory)
 

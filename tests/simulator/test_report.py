@@ -265,15 +265,20 @@ def test_streamed_layers_get_room_for_two_where_the_cache_buffer_is_small(tmp_pa
     assert room.dtype == np.float32 and room.size >= 2 * 64 * 64
 
 
-def test_the_decode_caches_are_disjoint_views_of_the_dram_buffer():
+def test_the_decode_caches_are_the_real_one_then_disjoint_views_of_the_dram_buffer(monkeypatch):
     import numpy as np
 
-    from simulator.report.kvcache import _caches_in
+    import kernels
+    from simulator import measure
 
+    seen = []
+    monkeypatch.setattr(kernels, "attention", lambda q, k, v, causal: seen.append((k, v)))
     buffer = np.arange(100, dtype=np.float32)
-    pairs = _caches_in(buffer, (1, 2, 3, 2), 10)  # 12 floats per array: 4 pairs fit, not 10
-    assert len(pairs) == 4 and _caches_in(buffer, (1, 2, 3, 2), 0) == []
-    arrays = [a for pair in pairs for a in pair]
-    assert all(a.shape == (1, 2, 3, 2) and np.shares_memory(a, buffer) for a in arrays)
-    starts = sorted(int(a.reshape(-1)[0]) for a in arrays)
-    assert starts == list(range(0, 96, 12))  # consecutive, none overlapping another
+    k, v = np.ones((1, 2, 3, 2), np.float32), np.ones((1, 2, 3, 2), np.float32)  # 12 floats (48 bytes) each
+    # twice an "LLC" of 240 bytes over pairs of 96 bytes: 5 pairs, the real one and 4 of views (8 fit in 100 floats)
+    measure.decode_seconds(buffer, np.ones((1, 2, 1, 2), np.float32), k, v, 240, repeats=3)
+    caches = seen[:5]
+    assert caches[0][0] is k and caches[0][1] is v and seen[5][0] is k  # the real pair, then each in turn
+    arrays = [a for pair in caches[1:] for a in pair]
+    assert all(a.shape == k.shape and np.shares_memory(a, buffer) for a in arrays)
+    assert sorted(int(a.reshape(-1)[0]) for a in arrays) == list(range(0, 96, 12))  # consecutive, disjoint
