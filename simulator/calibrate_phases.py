@@ -127,8 +127,9 @@ def llc_curve(buffer, l2_bytes: int) -> tuple[float, tuple, tuple]:
     """One core's read rate over slices of ``buffer`` of 2·L2, 4·L2, ... bytes up to the whole buffer, as
     (effective LLC bytes, sizes, fractions by ``curve_fractions``): every size up to the fastest counts as cache
     (on the 2-vCPU Xeon VM one core read 4 MiB more slowly than 16 and 32 MiB, while the standard algorithm's
-    passes over 8 MiB ran at its cache rates). The effective LLC is the last size at or above one half. The OS's figure for a VM's
-    last-level cache is the host's (480 MiB here, where one core's rate falls between 32 and 64 MiB)."""
+    passes over 8 MiB ran at its cache rates). The effective LLC is the last size at or above one half. The OS's
+    figure for a VM's last-level cache is the host's (480 MiB here, where one core's rate falls between 32 and 64
+    MiB)."""
     sizes, rates = [], []
     n = 2 * l2_bytes // 4
     while n <= buffer.size:
