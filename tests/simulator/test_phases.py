@@ -240,10 +240,10 @@ def test_sizes_are_checked(bad):
 # runs in a fresh process (no BLAS threads left spinning by earlier tests) and calibrates and measures right after
 # one another. The calibration's rates are the best of their repeats (as STREAM reports its best run), so each call
 # is timed as the best of 7 (of 3 at N = 4096) too: under a steady load from other processes a median of the calls
-# against best-case rates would be off by the load, not by the model. When a row misses (a burst from another
-# process during the calibration or the calls), it calibrates again, keeps each rate's best of both calibrations
-# and each call's best time, and predicts every row again (twice at most): both sides tend to the machine without
-# the other processes.
+# against best-case rates would be off by the load, not by the model. When a row is off by more than 20% (a burst
+# from another process during the calibration or the calls), it calibrates again, keeps each rate's best of both
+# calibrations and each call's best time, and predicts every row again (twice at most): both sides tend to the
+# machine without the other processes. The tests then allow 25%.
 VALIDATION = textwrap.dedent("""
     import json, sys
     import numpy as np
@@ -280,8 +280,10 @@ VALIDATION = textwrap.dedent("""
         return a.replace(**{f: (min if f in seconds else max)(getattr(a, f), getattr(b, f))
                             for f in a.__dataclass_fields__ if f not in keep})
 
+    RETRY = 0.20  # a row this far off is measured again, with the best of two calibrations (the tests allow 0.25)
+
     def missed(r):
-        return abs(r["predicted_s"] / r["measured_s"] - 1) > 0.25
+        return abs(r["predicted_s"] / r["measured_s"] - 1) > RETRY
 
     def gemv_row(rates, k):
         # the decode GEMV streamed (each call on another layer's weights): int8's speedup over NumPy's float32
@@ -294,7 +296,7 @@ VALIDATION = textwrap.dedent("""
                 "fp32_s": t_fp32, "int8_s": t_int8}
 
     def gemv_missed(r):
-        return abs(r["predicted"] / r["measured"] - 1) > 0.25
+        return abs(r["predicted"] / r["measured"] - 1) > RETRY
 
     def decode_row(rates, n):
         # decode against a full cache of n tokens and a SnapKV-pruned one of 1024 (SmolLM2's attention layout),
