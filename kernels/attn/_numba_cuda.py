@@ -29,7 +29,10 @@ from .._common.numba_cuda import block_max, block_sum, fill
 # Launch shapes of the standard algorithm and the split combine. Under Numba's simulator every thread is a Python
 # thread, so there the blocks shrink (the kernels take any power-of-two size; the tests run both).
 MATMUL_TILE = 4 if _gpu.simulated() else 16  # T × T threads per block in the two matmul kernels
-SOFTMAX_THREADS = 8 if _gpu.simulated() else 128  # threads per row in the softmax (a power of two: tree sums)
+SOFTMAX_THREADS = 4 if _gpu.simulated() else 128  # threads per row in the softmax (a power of two: tree sums;
+# simulated, each level of the tree is a barrier that costs the simulator milliseconds: a standard attention of
+# (2, 3, 5, 4) took 7.2 s with 8 threads per row, 4.8 s with 4, on the 2-vCPU Xeon; 4 still leaves a thread idle
+# where a row has fewer than 4 keys)
 COMBINE_THREADS = 128
 
 

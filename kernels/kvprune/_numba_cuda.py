@@ -27,7 +27,8 @@ from numba import cuda  # a module global, which Numba's simulator swaps for its
 from .._common import gpu as _gpu
 from .._common.numba_cuda import block_max, block_sum
 
-ROW_THREADS = 8 if _gpu.simulated() else 128  # threads per window row (a power of two: tree reductions)
+ROW_THREADS = 4 if _gpu.simulated() else 128  # threads per window row (a power of two: tree reductions; simulated,
+# fewer barrier levels, as the attention's SOFTMAX_THREADS)
 FLAT_THREADS = 32 if _gpu.simulated() else 256
 
 
