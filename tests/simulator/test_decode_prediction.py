@@ -30,14 +30,16 @@ def _rates():
 
 
 def _seconds_per_token(model):
-    """The median of three decodes' seconds per token, and the mean context its tokens attended to."""
+    """The best of three decodes' seconds per token, and the mean context its tokens attended to: the streaming
+    rates are their calibration's best of three too (as in test_phases, best against best: a median against
+    best-case rates would be off by the load from other processes, not by the model)."""
     prompt = model.encode(PROMPT)
     times = []
     for _ in range(3):
         timings = {}
         out = model.generate(prompt, DECODE_TOKENS, timings=timings)
         times.append(timings["decode_s"] / len(out))
-    return float(np.median(times)), len(prompt) + (len(out) - 1) // 2
+    return min(times), len(prompt) + (len(out) - 1) // 2
 
 
 @pytest.mark.parametrize("linear, quantize_lm_head", [("fp32", False), ("int8", True)], ids=["fp32", "int8-head"])
