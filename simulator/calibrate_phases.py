@@ -344,10 +344,10 @@ def _rows_fp32(x, w, y, threads):
 
 
 @njit(parallel=True, cache=True)
-def _rows_int8(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads):
+def _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads):
     per = (w.shape[0] + threads - 1) // threads
     for t in prange(threads):
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per, min(w.shape[0], (t + 1) * per))
+        int8_rows(path, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per, min(w.shape[0], (t + 1) * per))
 
 
 @njit(cache=True)
@@ -376,13 +376,13 @@ def decode_step_rates(buffer, threads: int) -> dict:
     absmax_w, row_sums = np.ones(w8.shape[0], np.float32), np.zeros(w8.shape[0], np.int32)
     path = path_marker()
 
-    def int8(J, w):
-        return _rows_int8(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads)
+    def int8(w):  # no outlier feature
+        return _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads)
 
     _rows_fp32(x, w32[:8], y32, threads)  # compile and warm
-    int8(0, w8[:8])
+    int8(w8[:8])
     rates = {"step_fp32_dram": w32.nbytes / _best(lambda: _rows_fp32(x, w32, y32, threads), repeats=3, warmup=0),
-             "step_int8_dram": w8.nbytes / _best(lambda: int8(0, w8), repeats=3, warmup=0)}
+             "step_int8_dram": w8.nbytes / _best(lambda: int8(w8), repeats=3, warmup=0)}
     x_outliers = np.ones((1, K), dtype=np.float32)
     x_outliers[0, ::K // OUTLIER_FEATURES] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
     J = prepare(x_outliers, 6.0, flags, cols, x_o, x_u8, absmax_x)

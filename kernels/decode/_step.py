@@ -482,21 +482,25 @@ class LlamaDecodeStep:
         rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin), self._scale)
         h, out = self._h, self._logits
         with self._lock:  # one call at a time: the buffers are the step's own
-            for lin, layer in self._int8:
-                self._thresholds[lin] = layer.threshold
-            n_counted = plan[0].size * (n_workers + 1) * COUNTER_STRIDE  # the steps' counts (``_worker``)
-            counters = self._counters[:n_counted + COUNTER_STRIDE]
-            counters[:] = 0
-            _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds,
-                 self._norms, (keys, values, slots), (x, h, *self._work, out, self._empty),
-                 *self._quant, rot, self._outliers)
+            not_finite = self._region(n_workers, plan, x, (keys, values, slots), rot, self._outliers)
             self._calls += 1
             result = (out if logits else h).copy()
-            not_finite = counters[n_counted]
         if not_finite:
             raise ValueError(f"the decode step produced {not_finite} values that are not finite (a hidden state past "
                              f"float32's range)")
         return result
+
+    def _region(self, n_workers, plan, x, kv, rot, outliers):
+        """Run ``plan`` once on the step's own buffers (the caller holds the lock); the count of the result's values
+        that are not finite."""
+        for lin, layer in self._int8:
+            self._thresholds[lin] = layer.threshold
+        n_counted = plan[0].size * (n_workers + 1) * COUNTER_STRIDE  # the steps' counts (``_worker``)
+        counters = self._counters[:n_counted + COUNTER_STRIDE]
+        counters[:] = 0
+        _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds, self._norms,
+             kv, (x, self._h, *self._work, self._logits, self._empty), *self._quant, rot, outliers)
+        return counters[n_counted]
 
     @property
     def outlier_products(self) -> float:
@@ -511,8 +515,8 @@ class LlamaDecodeStep:
         quantization of the int8 linears' inputs, the attention over context + 1 tokens) done as in a call, the linear
         tasks given no rows (they read no weight and ask for none ahead). What a token costs beside streaming its
         weights: the launch, the serial work and the threads' hand-offs between steps (``simulator.report.model``
-        adds it to the weights' streaming time). Works on buffers of its own: no cache or state of a caller's is
-        touched."""
+        adds it to the weights' streaming time). Its caches and input are its own, and a call's outputs and the
+        outlier counts stay as they were."""
         if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 0:
             raise ValueError(f"context must be an int >= 0; got {context!r}")
         if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or calls < 1:
@@ -528,27 +532,16 @@ class LlamaDecodeStep:
                                                   self.int8_head, True, n_workers)
         rows = np.where(np.isin(kinds, LINEAR_STEPS), 0, rows)  # a linear task of no rows: n0 = n1 = 0
         plan = (kinds, layers, tasks, rows, ahead)
-        f32 = np.float32
-        x = _lines((self.hidden,), f32)
-        work = tuple(_lines(a.shape, f32) for a in self._work)
-        for a in (x, *work):  # what the linears would have written: finite values of a hidden state's size
-            a[:] = rng.standard_normal(a.size, dtype=f32)
-        h, out = _lines((self.hidden,), f32), _lines((self.vocab,), f32)
-        quant = (_quant_buffers(self.hidden), _quant_buffers(self.intermediate))
-        n_counted = kinds.size * (n_workers + 1) * COUNTER_STRIDE
-        counters = _lines((n_counted + COUNTER_STRIDE,), np.int64)
-        thresholds = self._thresholds.copy()
-        for lin, layer in self._int8:
-            thresholds[lin] = layer.threshold
+        x = rng.standard_normal(self.hidden, dtype=np.float32)
+        outliers = np.zeros_like(self._outliers)  # not the caller's counts
         seconds = []
-        with self._lock:
+        with self._lock:  # the step's own buffers, which every call writes before it reads them
+            for a in self._work:  # what the linears would have written: finite values of a hidden state's size
+                a[:] = rng.standard_normal(a.size, dtype=np.float32)
             for _ in range(calls + 1):  # the first call compiles nothing new but warms the buffers: not counted
                 x0 = x.copy()
-                counters[:] = 0
                 start = time.perf_counter()
-                _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, thresholds,
-                     self._norms, (keys, values, slots), (x0, h, *work, out, self._empty), *quant, rot,
-                     np.zeros_like(self._outliers))
+                self._region(n_workers, plan, x0, (keys, values, slots), rot, outliers)
                 seconds.append(time.perf_counter() - start)
         return float(np.median(seconds[1:]))
 
