@@ -202,14 +202,26 @@ def _gemv_prologue(x, threshold, flags):
 
 
 @njit(inline="always")
-def _gemv_output(c, m, n, absmax_x, absmax_w, x_o, cols, w_i8_t):
-    """Step 3 of ``split_gemv`` for one output: the int32 sum c dequantized, plus the float16 outlier product."""
-    inv = np.float32(1.0 / (QMAX * QMAX))
+def _dequantized(c, m, n, absmax_x, absmax_w):
+    """The first half of step 3 of ``split_gemv`` for one output: the int32 sum c of row m and output n in float."""
+    return np.float32(c) * ((absmax_x[m] * np.float32(1.0 / (QMAX * QMAX))) * absmax_w[n])
+
+
+@njit(inline="always")
+def _plus_outliers(value, m, n, absmax_w, x_o, cols, w_i8_t):
+    """The second half: value plus the float16 products of the outlier features cols (J,) of row m, x_o (M, J),
+    with output n's weights rounded to float16, in the order of cols."""
     step = absmax_w[n] / np.float32(QMAX)
-    value = np.float32(c) * ((absmax_x[m] * inv) * absmax_w[n])
     for j in range(cols.size):
         value += x_o[m, j] * round_to_float16(np.float32(w_i8_t[n, cols[j]]) * step)
     return value
+
+
+@njit(inline="always")
+def _gemv_output(c, m, n, absmax_x, absmax_w, x_o, cols, w_i8_t):
+    """Step 3 of ``split_gemv`` for one output: the int32 sum c dequantized, plus the float16 outlier product.
+    Kernels that read several weight rows at once take its two halves apart (``rows._rows_vnni``)."""
+    return _plus_outliers(_dequantized(c, m, n, absmax_x, absmax_w), m, n, absmax_w, x_o, cols, w_i8_t)
 
 
 @njit(parallel=True, cache=True)

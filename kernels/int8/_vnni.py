@@ -51,7 +51,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 from .._common.numba_cpu import target_features
-from ._numba_cpu import GEMV_BN, QMAX, _gemv_output, _gemv_prologue, _quantize_row
+from ._numba_cpu import GEMV_BN, QMAX, _dequantized, _gemv_output, _gemv_prologue, _plus_outliers, _quantize_row
 
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vnni")  # zmm registers, byte-masked loads, vpdpbusd
 VECTOR_BYTES = 64  # one zmm register
@@ -319,9 +319,12 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
         for n in range(start, quads, 4):
             for m in range(M):
                 sums = _dot_rows4(x_u8, m, w_i8_t, n)
+                # _gemv_output's two halves, taken apart (see rows._rows_vnni)
                 for r in range(4):
-                    c = _corrected(sums[r], w_row_sums[n + r])
-                    y[m, n + r] = _gemv_output(c, m, n + r, absmax_x, absmax_w, x_o, cols, w_i8_t)
+                    y[m, n + r] = _dequantized(_corrected(sums[r], w_row_sums[n + r]), m, n + r, absmax_x, absmax_w)
+                if cols.size:
+                    for r in range(4):
+                        y[m, n + r] = _plus_outliers(y[m, n + r], m, n + r, absmax_w, x_o, cols, w_i8_t)
         for n in range(quads, stop):
             for m in range(M):
                 c = _corrected(_dot_row(x_u8, m, w_i8_t, n), w_row_sums[n])
