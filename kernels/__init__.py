@@ -7,8 +7,10 @@ same ``backend`` argument. ``kernels.cpuinfo`` tells this machine's caches; ``ke
 kernel must come to its oracle; ``kernels.pool_info()`` which threads run the CPU kernels (the threading design:
 ``kernels/_common/threads.py``).
 """
+from ._common import numba_cache
 from ._common.threads import configure_pool, pool_info
 
+numba_cache.install()  # before any cached kernel is defined: a change to any file of kernels recompiles them all
 configure_pool()  # before any kernel runs: Numba's one pool, with threads that sleep when a call returns
 
 from ._common.memory import InsufficientMemoryError  # noqa: E402
