@@ -122,3 +122,23 @@ def fsum(typingctx, v):
         return builder.call(fn, [ir.Constant(ir.FloatType(), 0.0), args[0]])
 
     return types.float32(v), codegen
+
+
+@intrinsic
+def fsum_halves(typingctx, v):
+    """The sum of the 16 lanes in a fixed tree: lanes i and i + 8 added, then i and i + 4 of those, then i and
+    i + 2, then the last two (explicit shuffles and adds, so no optimization reorders it). ``fsum``'s lane order
+    is a chain of 15 dependent adds; this one is 4 deep."""
+    if v != float32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        x, width = args[0], LANES
+        while width > 1:
+            half = width // 2
+            low = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, half), list(range(half))))
+            high = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(_I32, half), list(range(half, width))))
+            x, width = builder.fadd(low, high), half
+        return builder.extract_element(x, _I32(0))
+
+    return types.float32(v), codegen
