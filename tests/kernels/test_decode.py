@@ -23,7 +23,7 @@ def test_add_rms_norm_equals_the_oracle(rng, hidden, with_delta):
 
 # (Hq, Hkv, d, slot): MHA, GQA groups of 3 and 2, the first token (slot 0), d of 2 (one rotary pair)
 @pytest.mark.parametrize("hq, hkv, d, slot", [(4, 4, 8, 5), (9, 3, 64, 0), (9, 3, 64, 37), (6, 3, 2, 130),
-                                              (8, 1, 16, 1)])
+                                              (8, 1, 16, 1), (4, 2, 24, 19), (2, 1, 72, 40)])
 def test_rope_attend_equals_the_oracle(rng, hq, hkv, d, slot):
     qkv = rng.standard_normal((hq + 2 * hkv) * d).astype(np.float32)
     angles = rng.uniform(0, 2 * np.pi, d // 2)
@@ -45,6 +45,24 @@ def test_rope_attend_equals_the_oracle(rng, hq, hkv, d, slot):
     k = np.concatenate([earlier_k, k_new], axis=1)
     v = np.concatenate([earlier_v, v_new], axis=1).astype(np.float64)
     assert_close(o.reshape(hq, 1, d), attn.reference(q, k, v, causal=True), np.float32)
+
+
+@pytest.mark.parametrize("d", [1, 2, 15, 16, 17, 31, 32, 33, 64, 72])
+@pytest.mark.parametrize("path", ["lanes", "loop"])
+def test_the_attention_scores_equal_the_float64_dot_products(rng, d, path):
+    from kernels.decode import _fused
+    from kernels._common import zmm
+
+    if path == "lanes" and not zmm.AVAILABLE:
+        pytest.skip("the 16-lane path compiles only for a target with AVX-512F")
+    dots = _fused._dots_lanes if path == "lanes" else _fused._dots_loop
+    n, capacity = 11, 11  # the last key row ends where the array ends
+    q = rng.standard_normal(d).astype(np.float32)
+    keys = rng.standard_normal((capacity, d)).astype(np.float32)
+    s = np.full(n + 2, 7.0, np.float32)
+    dots(q, keys, n, s)
+    assert_close(s[:n], keys.astype(np.float64) @ q, np.float32)
+    assert np.all(s[n:] == 7.0)  # nothing past the n scores is written
 
 
 @pytest.mark.parametrize("n", [1, 5, 1536])
