@@ -57,51 +57,47 @@ def prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x):
 ROWS_AT_ONCE = 4  # weight rows a product step reads together: four streams, and each load of x serves four rows
 
 
-@njit(inline="always")
-def _dot_rows4(x_u8, w_i8, n):
-    """``_vnni._dot_row`` for rows n..n+3 at once (wrapped int32 sums of (x + 128)·w)."""
-    K = w_i8.shape[1]
-    full = K - K % VECTOR_BYTES
-    a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-    for k in range(0, full, VECTOR_BYTES):
-        xv = vload(x_u8, k)
-        a0 = vdpbusd(a0, xv, vload(w_i8, n * K + k))
-        a1 = vdpbusd(a1, xv, vload(w_i8, (n + 1) * K + k))
-        a2 = vdpbusd(a2, xv, vload(w_i8, (n + 2) * K + k))
-        a3 = vdpbusd(a3, xv, vload(w_i8, (n + 3) * K + k))
-    if full < K:
-        xv, tail = vload(x_u8, full), K - full
-        a0 = vdpbusd(a0, xv, vload_first(w_i8, n * K + full, tail))
-        a1 = vdpbusd(a1, xv, vload_first(w_i8, (n + 1) * K + full, tail))
-        a2 = vdpbusd(a2, xv, vload_first(w_i8, (n + 2) * K + full, tail))
-        a3 = vdpbusd(a3, xv, vload_first(w_i8, (n + 3) * K + full, tail))
-    return vsum(a0), vsum(a1), vsum(a2), vsum(a3)
-
-
 @njit(cache=True)
 def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
     # an atomic update of a line that every thread's view of it shares
     K, flat = w_i8.shape[1], w_i8.reshape(-1)  # the flat view made once (see prefetch_rows)
+    full = K - K % VECTOR_BYTES
     prefetch_rows(flat, K, n0, n1, PREFETCH_ROWS)
+    # Written out in the loop, not through inlined helpers: a helper that takes arrays and has a loop or a branch
+    # counts a reference on each array per call (NRT_incref/decref, atomic updates of a line that both threads
+    # share), which Numba's refcount pruning keeps. Per group of four rows the dot products' helper made two of
+    # each, the dequantization's (with its loop over outlier features) three and two per output; the latter
+    # streamed 256 MiB at K = 576 on two threads at 24.1-25.4 against 28.5-30.4 GB/s (2-vCPU Xeon, side by side),
+    # and SmolLM2's int8 + int8 head step took 0.905-0.986 (median 0.965) of its time without it, alternating in
+    # one process (10 rounds of 10 calls).
     n = n0
     while n + ROWS_AT_ONCE <= n1:
         prefetch_rows(flat, K, n + PREFETCH_ROWS, n1, ROWS_AT_ONCE)  # the group two ahead (_common.prefetch)
-        sums = _dot_rows4(x_u8, w_i8, n)
-        # _gemv_output's two halves taken apart: all four outputs dequantized, then the outlier products only where
-        # there is an outlier feature. The fused form, an empty loop per output when J = 0 that passes the arrays
-        # to an inlined function (a reference counted on each, which the refcount pruning keeps across its loop),
-        # streamed the weights 15-20% slower: 256 MiB at K = 576 on two threads, 24.1-25.4 against 28.5-30.4 GB/s
-        # (2-vCPU Xeon, side by side; J = 0 as a compile-time constant, which drops the loop, 28.9-31.6). SmolLM2's
-        # int8 + int8 head step, most of whose linears meet no outlier feature, alternating with the fused form in
-        # one process (10 rounds of 10 calls): 0.905-0.986 of its time, median 0.965
+        # four rows at once: four streams, and each load of x serves four rows (wrapped int32 sums of (x + 128)·w)
+        a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+        for k in range(0, full, VECTOR_BYTES):
+            xv = vload(x_u8, k)
+            a0 = vdpbusd(a0, xv, vload(flat, n * K + k))
+            a1 = vdpbusd(a1, xv, vload(flat, (n + 1) * K + k))
+            a2 = vdpbusd(a2, xv, vload(flat, (n + 2) * K + k))
+            a3 = vdpbusd(a3, xv, vload(flat, (n + 3) * K + k))
+        if full < K:
+            xv, tail = vload(x_u8, full), K - full
+            a0 = vdpbusd(a0, xv, vload_first(flat, n * K + full, tail))
+            a1 = vdpbusd(a1, xv, vload_first(flat, (n + 1) * K + full, tail))
+            a2 = vdpbusd(a2, xv, vload_first(flat, (n + 2) * K + full, tail))
+            a3 = vdpbusd(a3, xv, vload_first(flat, (n + 3) * K + full, tail))
+        sums = (vsum(a0), vsum(a1), vsum(a2), vsum(a3))
+        # _gemv_output's two halves taken apart: all four outputs dequantized, then the outlier products only
+        # where there is an outlier feature (most of a token's linears meet none)
         for r in range(ROWS_AT_ONCE):
             y[n + r] = _dequantized(_corrected(sums[r], w_row_sums[n + r]), 0, n + r, absmax_x, absmax_w)
         if outlier_cols.size:
             for r in range(ROWS_AT_ONCE):
                 y[n + r] = _plus_outliers(y[n + r], 0, n + r, absmax_w, outlier_x, outlier_cols, w_i8)
         n += ROWS_AT_ONCE
-    for m in range(n, n1):
+    for m in range(n, n1):  # the last n1 − n0 mod 4 rows (at most three a call)
         c = _corrected(_dot_row(x_u8, 0, w_i8, m), w_row_sums[m])
         y[m] = _gemv_output(c, 0, m, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
 
