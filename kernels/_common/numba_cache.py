@@ -9,9 +9,10 @@ result.
 
 The locators here are Numba's own three for a source file (``NUMBA_CACHE_DIR``, the ``__pycache__`` beside the
 file, the user-wide cache), restricted to files of ``kernels``, ``simulator`` and ``models`` (the packages whose
-cached functions call kernels), with a stamp that adds a hash of every ``.py`` file of ``kernels``. They are put
-first in Numba's list, so every other cached function is located as before; ``NUMBA_CACHE_LOCATOR_CLASSES``, where a
-user sets it, still replaces the list.
+cached functions call kernels), with a stamp that adds a hash of every ``.py`` file of ``kernels`` (a function of
+kernels: kernels calls nothing outside itself) or of all three packages (a function of simulator or models). They
+are put first in Numba's list, so every other cached function is located as before; ``NUMBA_CACHE_LOCATOR_CLASSES``,
+where a user sets it, still replaces the list.
 """
 from __future__ import annotations
 
@@ -41,16 +42,28 @@ def kernels_stamp() -> str:
     return sources_stamp(KERNELS_DIR)
 
 
-def _in_packages(py_file) -> bool:
+@functools.lru_cache(maxsize=1)
+def packages_stamp() -> str:
+    """``sources_stamp`` of kernels, simulator and models together (for a cached function of simulator or models,
+    which may call kernels' functions and each other's)."""
+    return hashlib.sha256("".join(sources_stamp(d) for d in PACKAGE_DIRS if d.is_dir()).encode()).hexdigest()
+
+
+def _under(directory: Path, py_file) -> bool:
     path = Path(py_file).resolve()
-    return any(directory == path.parent or directory in path.parents for directory in PACKAGE_DIRS)
+    return directory == path.parent or directory in path.parents
+
+
+def _in_packages(py_file) -> bool:
+    return any(_under(directory, py_file) for directory in PACKAGE_DIRS)
 
 
 class _PackageStamped:
-    """A locator mixin: only ioaware's files, and a source stamp that changes with any file of ``kernels``."""
+    """A locator mixin: only ioaware's files, and a source stamp that changes with any file of ``kernels`` (for
+    kernels' functions) or of any of the three packages (for simulator's and models')."""
 
     def get_source_stamp(self):
-        return super().get_source_stamp(), kernels_stamp()
+        return super().get_source_stamp(), kernels_stamp() if _under(KERNELS_DIR, self._py_file) else packages_stamp()
 
     @classmethod
     def from_function(cls, py_func, py_file):

@@ -33,10 +33,12 @@ def test_ioaware_cached_functions_use_the_package_stamp_and_others_do_not(tmp_pa
     from kernels.decode import _step
     from kernels.int8 import rows
 
-    for function in (_step._worker, rows._rows_vnni, calibrate_phases._rows_int8):
+    kernels, packages = numba_cache.kernels_stamp(), numba_cache.packages_stamp()
+    for function, stamp in ((_step._worker, kernels), (rows._rows_vnni, kernels), (calibrate_phases._rows_int8, packages)):
         locator = function._cache._impl._locator
         assert isinstance(locator, numba_cache.LOCATORS)
-        assert locator.get_source_stamp()[1] == numba_cache.kernels_stamp()
+        assert locator.get_source_stamp()[1] == stamp
+    assert numba_cache.packages_stamp() != numba_cache.kernels_stamp()
     module = tmp_path / "elsewhere.py"
     module.write_text("from numba import njit\n\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
     sys.path.insert(0, str(tmp_path))
@@ -60,6 +62,7 @@ if {ours}:
     numba_cache.KERNELS_DIR = Path({tmp!r}) / "pkg"
     numba_cache.PACKAGE_DIRS = (numba_cache.KERNELS_DIR,)
     numba_cache.kernels_stamp.cache_clear()
+    numba_cache.packages_stamp.cache_clear()
     numba_cache.install()
 from pkg.caller import call
 print(call())
