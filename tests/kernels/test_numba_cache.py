@@ -79,8 +79,9 @@ def test_a_callee_changed_in_another_file_is_recompiled(tmp_path, ours):
     def run():
         script = RUN.format(root=str(ROOT), tmp=str(tmp_path), ours=ours)
         return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                              env={"PATH": "/usr/bin:/bin", "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-                              ).stdout.strip()
+                              env={"PATH": "/usr/bin:/bin", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+                                   # no .pyc: Python trusts one whose source has the same size and second of mtime
+                                   "PYTHONDONTWRITEBYTECODE": "1"}).stdout.strip()
 
     (package / "callee.py").write_text(CALLEE.format(1))
     assert run() == "1"
