@@ -99,7 +99,9 @@ def exp_row(s, p, n, m, c):
     exponent bits of a float (IEEE 754), exp(f) is its Taylor polynomial, degree 6 for float32 (truncation error
     ≤ 0.347⁷/7! = 1.2e-7 relative) and degree 12 for float64 (≤ 0.347¹³/13! = 1.8e-16). x is clamped to the
     normal exponent range, so no bit pattern wraps; a clamped large x shows as a huge sum, which the caller
-    treats as a new maximum. A NaN passes the clamp and makes the sum NaN. One pass, no branch: it vectorizes.
+    treats as a new maximum. A NaN passes the clamp and makes the sum NaN. One pass, no branch: it vectorizes
+    where the caller compiles with FASTMATH (the sum needs its reassociation; the overload compiles with its
+    caller's flags, Numba's ``overload`` taking no ``fastmath`` of its own), and runs scalar elsewhere.
     """
     raise NotImplementedError("compiled through numba.extending.overload; call it from jitted code")
 
@@ -145,7 +147,7 @@ def _exp_row_f64(s, p, n, m, c):
     return total
 
 
-@overload(exp_row, fastmath=FASTMATH)
+@overload(exp_row)  # (compiled with the caller's flags: see the docstring)
 def _exp_row_overload(s, p, n, m, c):
     if s.dtype == types.float32:
         return _exp_row_f32
@@ -192,7 +194,7 @@ def _row_max_f64(s, n, m):
     return as_float(best ^ ((best >> np.int64(63)) & low))
 
 
-@overload(row_max, fastmath=FASTMATH)
+@overload(row_max)  # (integer keys: vectorizes with any flags)
 def _row_max_overload(s, n, m):
     if s.dtype == types.float32:
         return _row_max_f32

@@ -320,16 +320,22 @@ def test_the_integer_row_max_is_the_max_without_nans(rng, dtype, n):
             assert got == expected and not np.isnan(got), (trial, m, got, expected)
 
 
-@pytest.mark.parametrize("dtype, max_rel_err", [("float32", 3e-7), ("float64", 1e-15)])
-def test_vectorized_exp_of_the_flash_kernel(rng, dtype, max_rel_err):
+# The exp compiles with its caller's flags: the flash and SnapKV kernels' FASTMATH (vectorized, fused
+# multiply-adds, sums reassociated) and plain code's none (scalar). float32 under FASTMATH: the degree-6
+# truncation (1.2e-7) plus 8 roundings of 2^-24 (six Horner steps, the range reduction's two) bound it at 6e-7
+# relative. float64 under FASTMATH has no such derivation (reassociation may reorder its degree-12 Horner chain;
+# 2.8e-15 on the 2-vCPU Xeon): the attention kernels' float64 tests against the oracle (rtol 1e-10) hold it.
+@pytest.mark.parametrize("dtype, flags, max_rel_err", [("float32", "plain", 3e-7), ("float32", "fastmath", 6e-7),
+                                                       ("float64", "plain", 1e-15)])
+def test_vectorized_exp_of_the_flash_kernel(rng, dtype, flags, max_rel_err):
     # the kernel's exp (exponent bits + polynomial) against libm in float64, over the range softmax feeds it:
     # arguments <= 0 against the row max, and up to log(RESCALE_LIMIT) above a stale maximum
     from numba import njit
 
-    from kernels._common.numba_cpu import EXP_MIN_F32, exp_row
+    from kernels._common.numba_cpu import EXP_MIN_F32, FASTMATH, exp_row
     from kernels.attn._numba_cpu import RESCALE_LIMIT
 
-    @njit
+    @njit(fastmath=FASTMATH if flags == "fastmath" else False)
     def run(s, p, m, c):
         return exp_row(s, p, s.size, m, c)
 
