@@ -74,7 +74,7 @@ class _PackageStamped:
 
 def _numba(name):
     """A class of ``numba.core.caching`` by its name in Numba 0.68, or with the leading underscore of earlier
-    releases (0.60 names them ``_CacheImpl``, ``_InTreeCacheLocator``, ...)."""
+    releases (0.60 names the locators ``_InTreeCacheLocator``, ``_UserWideCacheLocator``, ...)."""
     return getattr(caching, name, None) or getattr(caching, "_" + name)
 
 
