@@ -2,7 +2,6 @@
 (``kernels/_common/numba_cache.py``), not only with a change to the cached function's own file."""
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
