@@ -106,17 +106,25 @@ def exp_row(s, p, n, m, c):
     raise NotImplementedError("compiled through numba.extending.overload; call it from jitted code")
 
 
+@njit(inline="always")
+def exp_f32(x):
+    """``exp_row``'s exp of one float32 (clamped to the normal range, then 2^r · a degree-6 polynomial): scalar
+    arguments only, so a loop that calls it counts no references, and without a sum a plain loop of it
+    vectorizes whatever the caller's flags (``kernels.decode``'s attention)."""
+    x = clamp(x, np.float32(EXP_MIN_F32), np.float32(EXP_MAX_F32))
+    r = np.floor(x * np.float32(LOG2E) + np.float32(0.5))  # round(x · log2 e), kept in float32
+    f = x - r * np.float32(LN2_HI_F32) - r * np.float32(LN2_LO_F32)  # x − r·ln2 in [-ln2/2, ln2/2]
+    poly = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
+        np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
+    two_r = as_float(np.int32((np.int32(r) + np.int32(127)) << np.int32(23)))  # 2^r: biased exponent (binary32)
+    return poly * two_r
+
+
 def _exp_row_f32(s, p, n, m, c):
     c32, m32 = np.float32(c), np.float32(m)  # keep the loop in float32 (a float64 m would widen every lane)
     total = np.float32(0.0)
     for j in range(n):
-        x = clamp((s[j] - m32) * c32, np.float32(EXP_MIN_F32), np.float32(EXP_MAX_F32))
-        r = np.floor(x * np.float32(LOG2E) + np.float32(0.5))  # round(x · log2 e), kept in float32
-        f = x - r * np.float32(LN2_HI_F32) - r * np.float32(LN2_LO_F32)  # x − r·ln2 in [-ln2/2, ln2/2]
-        poly = np.float32(1.0) + f * (np.float32(1.0) + f * (np.float32(1 / 2) + f * (np.float32(1 / 6) + f * (
-            np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
-        two_r = as_float(np.int32((np.int32(r) + np.int32(127)) << np.int32(23)))  # 2^r: biased exponent (binary32)
-        e = poly * two_r
+        e = exp_f32((s[j] - m32) * c32)
         p[j] = e
         total += e
     return total
