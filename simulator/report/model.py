@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .charts import figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
-from .measured import error_pct, fresh_rates
+from .measured import dram_buffer, error_pct, fresh_rates
 
 VARIANTS = (("fp32", {"linear": "fp32"}), ("int8 (fp16 outlier rows)", {"linear": "int8", "keep_fp16_weights": True}),
             ("int8 (int8 weights only)", {"linear": "int8"}), ("naive int8", {"linear": "naive-int8"}))
@@ -48,16 +48,16 @@ def model_section(ctx: RunContext) -> Section:
         if outliers is None:
             outliers = model.outlier_statistics(ids)
         if label in ("fp32", "int8 (int8 weights only)"):
-            speed.append(_decode_speed(model, label, rates))
+            speed.append(_decode_speed(model, label, rates, dram_buffer(ctx)))
     if ctx.quick:  # int8's decode as the full report times it: int8 weights only, in one region
         ctx.step("SmolLM2 int8 (int8 weights only) decode")
-        speed.append(_decode_speed(SmolLM2(path, linear="int8"), "int8 (int8 weights only)", rates))
+        speed.append(_decode_speed(SmolLM2(path, linear="int8"), "int8 (int8 weights only)", rates, dram_buffer(ctx)))
     if not ctx.quick:
         ctx.step("SmolLM2 int8 with an int8 LM head")
         model = SmolLM2(path, linear="int8", quantize_lm_head=True)
         rows.append({"variant": "int8 (int8 weights only) + int8 LM head", "tokens": n_tokens,
                      "perplexity": f"{model.perplexity(ids):.4g}"})
-        speed.append(_decode_speed(model, "int8 + int8 LM head", rates))
+        speed.append(_decode_speed(model, "int8 + int8 LM head", rates, dram_buffer(ctx)))
     write_csv(ctx.directory / "smollm2_perplexity.csv", rows)
     write_csv(ctx.directory / "smollm2_outliers.csv", outliers)
     write_csv(ctx.directory / "smollm2_decode.csv", speed)
@@ -85,9 +85,10 @@ def model_section(ctx: RunContext) -> Section:
             f"The tied LM head stays float32 unless quantized too; the int8 rows keep int8 weights only (the float16 "
             f"copy of the outlier rows runs one call per linear, not timed here). Each of these models decodes a "
             f"token in one parallel region (`kernels.decode.LlamaDecodeStep`): *predicted* times every weight's "
-            f"bytes at the rate the step's row kernels stream a weight from DRAM (float32 "
-            f"{rates.step_fp32_dram / 1e9:.1f} GB/s, int8 {rates.step_int8_dram / 1e9:.1f} GB/s, measured in this "
-            f"run over one long run of rows per thread), plus the float16 products of the outlier features the "
+            f"bytes at the rate the step's row kernels stream a working set of the model's weight bytes per token, "
+            f"read again and again as a decode reads it (measured in this run for each variant, one long run of rows "
+            f"per thread: a host's cache can hold part of a small model's weights between tokens; the rates are in "
+            f"the CSV), plus the float16 products of the outlier features the "
             f"int8 linears met ({rates.step_outlier_s * 1e9:.2f} ns per output and feature on a thread), plus the "
             f"step's fixed part, timed by running it with no weight rows: its launch, the norms, the quantization of "
             f"the int8 inputs, the attention over the cache and the threads' hand-offs between steps.\n\n"
@@ -137,24 +138,42 @@ def decode_token_parts(model, rates, context) -> dict:
 PROMPT, DECODE_TOKENS = "Once upon a time", 24  # what the decode rows generate
 
 
-def _decode_speed(model, label, rates):
+def rates_for(model, rates, buffer):
+    """``rates`` with the decode step's streaming rates measured over a working set of the model's weight bytes per
+    token (``calibrate_phases.decode_step_rates``' ``working_bytes``, on the mapped ``buffer``): the bytes a token
+    reads again and again, which a host's cache may partly hold."""
+    import dataclasses
+
+    import numba
+
+    from ..calibrate_phases import decode_step_rates
+
+    measured = decode_step_rates(buffer, numba.get_num_threads(), working_bytes=model.weight_bytes_per_token())
+    return dataclasses.replace(rates, **{k: v for k, v in measured.items() if k != "step_outlier_s"})
+
+
+def _decode_speed(model, label, rates, buffer):
     """Decode tokens/s (DECODE_TOKENS after a warm-up) beside the bound, weight bytes per token over the all-core
     read rate (the block linears in their precision, the tied LM head float32 unless quantized), and the predicted
-    time per token (``predicted_seconds_per_token`` at the decode's mean context)."""
+    time per token (``predicted_seconds_per_token`` at the decode's mean context, its streaming rates at the model's
+    working set: ``rates_for``)."""
     prompt = model.encode(PROMPT)
     model.generate(prompt, 2)
     timings = {}
     out = model.generate(prompt, DECODE_TOKENS, timings=timings)
     weight_bytes = model.weight_bytes_per_token()
     measured = timings["decode_s"] / len(out)
-    parts = decode_token_parts(model, rates, len(prompt) + (len(out) - 1) // 2)
+    at_working_set = rates_for(model, rates, buffer)
+    parts = decode_token_parts(model, at_working_set, len(prompt) + (len(out) - 1) // 2)
     predicted = sum(parts.values())
     return {"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
             "weight_bytes_per_token": weight_bytes,
             "bound_tokens_per_s": f"{rates.read_all / weight_bytes:.3g}",
             "measured_ms_per_token": f"{measured * 1e3:.4g}", "predicted_ms_per_token": f"{predicted * 1e3:.4g}",
             **{f"predicted_{k[:-2]}_ms": f"{v * 1e3:.3g}" for k, v in parts.items()},
-            "error_pct": f"{error_pct(predicted, measured):.1f}"}
+            "error_pct": f"{error_pct(predicted, measured):.1f}",
+            "stream_fp32_GBps": f"{at_working_set.step_fp32_dram / 1e9:.1f}",
+            "stream_int8_GBps": f"{at_working_set.step_int8_dram / 1e9:.1f}"}
 
 
 def plot_outliers(directory) -> None:
