@@ -356,7 +356,7 @@ def _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, 
         int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0])
 
 
-def decode_step_rates(buffer, threads: int, working_bytes: int | None = None) -> dict:
+def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *, outliers: bool = True) -> dict:
     """Weight bytes/s of the decode step's row kernels from DRAM: ``kernels.dense.gemv_rows`` over a (N, STEP_K)
     float32 view of a quarter of the mapped ``buffer``, and ``kernels.int8.rows.int8_rows`` (the path
     ``Int8Linear`` takes, no outlier feature) over the same bytes as int8, each split into one contiguous run of
@@ -370,12 +370,18 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None) ->
     A VM's host may keep much of a working set of 100-200 MiB in its own last-level cache, whatever the OS reports:
     on the 2-vCPU Xeon the int8 rows streamed 64-160 MiB read again and again at 42-54 GB/s, 256 MiB at 31-32 and
     512 MiB at 28-29, and SmolLM2's int8 + int8 head step (134 MB per token) took 4.2 ms against the 5.6 that a
-    quarter of the buffer's rate predicted."""
+    quarter of the buffer's rate predicted. A working set larger than ``buffer`` gets a mapped buffer of its own.
+    ``outliers=False`` leaves ``step_outlier_s`` out (it does not depend on the working set)."""
     K = STEP_K
-    size = buffer.size // 4 if working_bytes is None else min(buffer.size, max(K, int(working_bytes) // 4))
-    quarter = buffer[:size // K * K]
-    w32 = quarter.reshape(-1, K)  # (N, K)
-    w8 = quarter.view(np.int8).reshape(-1, K)  # (4N, K): the same bytes as int8 weights (their values do not matter)
+    if working_bytes is None:
+        size = buffer.size // 4
+    else:
+        size = max(K, int(working_bytes) // 4)
+        if size > buffer.size:
+            buffer = filled(size, 1.0, np.float32)
+    streamed = buffer[:size // K * K]
+    w32 = streamed.reshape(-1, K)  # (N, K)
+    w8 = streamed.view(np.int8).reshape(-1, K)  # (4N, K): the same bytes as int8 weights (their values do not matter)
     x = np.ones(K, dtype=np.float32)
     y32, y8 = np.empty(w32.shape[0], np.float32), np.empty(w8.shape[0], np.float32)
     flags, cols, x_o, x_u8, absmax_x = (np.empty(K, np.bool_), np.empty(K, np.int64), np.empty((1, K), np.float32),
@@ -391,6 +397,8 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None) ->
     int8(w8[:8])
     rates = {"step_fp32_dram": w32.nbytes / _best(lambda: _rows_fp32(x, w32, y32, threads), repeats=3, warmup=0),
              "step_int8_dram": w8.nbytes / _best(lambda: int8(w8), repeats=3, warmup=0)}
+    if not outliers:
+        return rates
     x_outliers = np.ones((1, K), dtype=np.float32)
     x_outliers[0, ::K // OUTLIER_FEATURES] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
     J = prepare(x_outliers, 6.0, flags, cols, x_o, x_u8, absmax_x)

@@ -148,8 +148,9 @@ def rates_for(model, rates, buffer):
 
     from ..calibrate_phases import decode_step_rates
 
-    measured = decode_step_rates(buffer, numba.get_num_threads(), working_bytes=model.weight_bytes_per_token())
-    return dataclasses.replace(rates, **{k: v for k, v in measured.items() if k != "step_outlier_s"})
+    measured = decode_step_rates(buffer, numba.get_num_threads(), working_bytes=model.weight_bytes_per_token(),
+                                 outliers=False)
+    return dataclasses.replace(rates, **measured)
 
 
 def _decode_speed(model, label, rates, buffer):

@@ -22,9 +22,9 @@ from simulator.report.model import DECODE_TOKENS, PROMPT, decode_token_parts, pr
 TOLERANCE = 0.25  # issue 16: predicted within 25% of measured on the CPU
 
 
-def _rates(working_bytes=None):
-    """The step's calibrated rates; with ``working_bytes``, streamed over a working set of that size (the model's
-    weight bytes per token, as the report predicts them: ``simulator.report.model.rates_for``)."""
+def _rates(working_bytes):
+    """The step's calibrated rates, streamed over a working set of ``working_bytes`` (the model's weight bytes per
+    token, as the report predicts them: ``simulator.report.model.rates_for``)."""
     import numba
 
     buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
