@@ -1,6 +1,6 @@
 """Sixteen float32 lanes as one Numba value: a ``<16 x float>`` LLVM vector, which LLVM keeps in one AVX-512 zmm
-register, with the few operations a streaming dot product needs (load, a byte-exact masked load for a tail, fused
-multiply-add, the sum of the lanes).
+register, with the few operations a streaming dot product and a softmax need (load and store, byte-exact masked ones
+for a tail, a scalar in every lane, add, fused multiply-add, maximum, the sum and the maximum of the lanes).
 
 Why: LLVM vectorizes for Intel's AVX-512 cores with 256-bit vectors (its X86 tuning ``TuningPrefer256Bit``, set
 for Skylake-SP and later in ``llvm/lib/Target/X86/X86.td``), so Numba's plain float32 dot-product loop compiles to
@@ -54,6 +54,15 @@ def _pointer(context, builder, array_type, array, index_type, index):
     return builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
 
 
+def _lane_mask(context, builder, count, count_type):
+    """<16 x i1>: lane i is set where i < count."""
+    n = builder.trunc(context.cast(builder, count, count_type, types.int64), _I32)
+    splat = builder.shuffle_vector(builder.insert_element(ir.Constant(ir.VectorType(_I32, LANES), None), n, _I32(0)),
+                                   ir.Constant(ir.VectorType(_I32, LANES), None),
+                                   ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return builder.icmp_unsigned("<", ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))), splat)
+
+
 @intrinsic
 def fzero(typingctx):
     """16 float32 zeros."""
@@ -83,12 +92,7 @@ def fload_first(typingctx, array, index, count):
 
     def codegen(context, builder, signature, args):
         p = _pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
-        n = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), _I32)
-        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(ir.VectorType(_I32, LANES), None), n,
-                                                              _I32(0)),
-                                       ir.Constant(ir.VectorType(_I32, LANES), None),
-                                       ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
-        mask = builder.icmp_unsigned("<", ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))), splat)
+        mask = _lane_mask(context, builder, args[2], signature.args[2])
         masked_load = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_VEC, [p.type, _I32, _MASK, _VEC]), "llvm.masked.load.v16f32.p0")
         return builder.call(masked_load, [p, _I32(4), mask, ir.Constant(_VEC, None)])
@@ -142,3 +146,87 @@ def fsum_halves(typingctx, v):
         return builder.extract_element(x, _I32(0))
 
     return types.float32(v), codegen
+
+
+@intrinsic
+def fsplat(typingctx, x):
+    """The float32 x in all 16 lanes."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = context.cast(builder, args[0], signature.args[0], types.float32)
+        one = builder.insert_element(ir.Constant(_VEC, None), value, _I32(0))
+        return builder.shuffle_vector(one, ir.Constant(_VEC, None), ir.Constant(ir.VectorType(_I32, LANES),
+                                                                                 [0] * LANES))
+
+    return float32x16(x), codegen
+
+
+@intrinsic
+def fadd(typingctx, a, b):
+    """a + b in each lane."""
+    if not (a == float32x16 and b == float32x16):
+        return None
+    return float32x16(a, b), lambda context, builder, signature, args: builder.fadd(args[0], args[1])
+
+
+@intrinsic
+def fmax(typingctx, a, b):
+    """The larger of a and b in each lane (``llvm.maxnum``: of two numbers the larger; exact, so the maximum of many
+    values does not depend on the order they are taken in)."""
+    if not (a == float32x16 and b == float32x16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 2), "llvm.maxnum.v16f32")
+        return builder.call(fn, args)
+
+    return float32x16(a, b), codegen
+
+
+@intrinsic
+def fmax_lanes(typingctx, v):
+    """The largest of the 16 lanes (``llvm.vector.reduce.fmax``)."""
+    if v != float32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [_VEC]),
+                                            "llvm.vector.reduce.fmax.v16f32")
+        return builder.call(fn, args)
+
+    return types.float32(v), codegen
+
+
+@intrinsic
+def fstore(typingctx, array, index, v):
+    """array.flat[index : index + 16] = v for a C-contiguous float32 array (an unaligned store)."""
+    if not (_is_float32_c_array(array) and isinstance(index, types.Integer) and v == float32x16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        builder.store(args[2], p, align=4)
+        return context.get_dummy_value()
+
+    return types.none(array, index, v), codegen
+
+
+@intrinsic
+def fstore_first(typingctx, array, index, count, v):
+    """array.flat[index : index + count] = the first ``count`` (< 16) lanes of v; nothing past them is written
+    (``llvm.masked.store``)."""
+    if not (_is_float32_c_array(array) and isinstance(index, types.Integer) and isinstance(count, types.Integer)
+            and v == float32x16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        p = _pointer(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        mask = _lane_mask(context, builder, args[2], signature.args[2])
+        masked_store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_VEC, p.type, _I32, _MASK]), "llvm.masked.store.v16f32.p0")
+        builder.call(masked_store, [args[3], p, _I32(4), mask])
+        return context.get_dummy_value()
+
+    return types.none(array, index, count, v), codegen

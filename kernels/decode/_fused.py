@@ -16,8 +16,9 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       the NumPy step with ``np.concatenate`` (one A/B run); in ``benchmarks/test_bench_smollm2.py`` fp32 35.1
       tokens/s = 0.89 of the weight-bytes bound (21.4 GB/s read), int8 77.4, int8 with the int8 LM head 106.3
       (3.0x fp32).
-  v2: the attention's scores on explicit 16-lane vectors where the target has AVX-512F (``_dots_lanes``), and its
-      weighted sum of the values on vectors over the features (``_weighted_rows``), both in a fixed order of
+  v2: the attention's scores on explicit 16-lane vectors where the target has AVX-512F (``_dots_lanes``, part of
+      ``_attend_lanes`` since v4), and its weighted sum of the values on vectors over the features
+      (``_weighted_rows``), both in a fixed order of
       operations, so the per-layer path and the one-region step still agree bit for bit. One layer of SmolLM2's
       shape (9 query heads, 3 kv heads, d = 64) on one thread (2-vCPU Xeon, family 6 model 167): 21 cached
       slots 13.0 -> 4.8 us, 201 106 -> 34, 1001 536 -> 166, 4001 2212 -> 776. The int8 + int8 head step with
@@ -27,6 +28,17 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       loop of its own, which vectorizes, instead of ``np.exp`` in the loop that also summed: one layer as in v2,
       1001 slots 201 -> 141 us, 4001 928 -> 703 us (21: 4.9 -> 4.7); the int8 + head step, alternating in one
       process, 0.956x at 1001 cached tokens (9.52 -> 9.13 ms), 0.952x at 21 (within the noise there).
+  v4: the group's query heads together (``_attend_lanes``): the key and value rows in blocks of 16 KB that every
+      head of the group reads while they are in L1, so that each row comes from memory once per group (it came
+      once per head, from L2 while a group's cache fitted there and from memory beyond); the value sum's features
+      in registers over a block (it loaded and stored o's slice per row), without a division per row and head;
+      the maximum and l in lanes. 30 layers of SmolLM2's attention in turn on one thread (so that each layer's
+      cache comes from memory, as in a token), two runs each alternating with v3: 21 slots 3.4-3.5 -> 3.0-3.1 us
+      per layer, 201 27.2-28.9 -> 18.5-19.3, 1001 142-152 -> 90-94, 4001 818-843 -> 587-608. The one-region
+      step's part beside its weights (``LlamaDecodeStep.fixed_seconds``, two threads): 1000 cached tokens 3.34
+      -> 2.30 ms, 4000 18.3 -> 12.1 ms. ``generate`` of 32 tokens, int8 with the int8 LM head, alternating
+      fresh processes with v3 (two pairs): after a 1000-token prompt 107-115 -> 122-127 tokens/s, after 4000
+      42-45 -> 53-56, after 16 within the noise (230-241, 227-253).
 """
 from __future__ import annotations
 
@@ -36,7 +48,12 @@ import numpy as np
 from numba import njit
 
 from .._common.numba_cpu import exp_f32
-from .._common.zmm import AVAILABLE as USE_LANES, LANES, ffma, fload, fload_first, fsum_halves, fzero
+from .._common.zmm import (AVAILABLE as USE_LANES, LANES, fadd, ffma, fload, fload_first, fmax, fmax_lanes, fsplat,
+                           fstore, fstore_first, fsum_halves, fzero)
+
+T_BLOCK_BYTES = 16 * 1024  # the key or value rows that the group's heads read in turn while they are in L1: half
+# the smallest L1 data cache of current x86 server cores (32 KiB: AMD Zen 2 to Zen 4, AMD's software optimization
+# guides; Intel's from Ice Lake-SP on hold 48 KiB)
 
 
 def rms_norm_reference(x, weight, eps):
@@ -105,59 +122,130 @@ def _rope_attend_group(qkv, cos, sin, k_cache, v_cache, n, scale, o, g):
     for j in range(d):
         k_cache[g, n, j] = k_new[j]
         v_cache[g, n, j] = qkv[(Hq + Hkv + g) * d + j]
-    q = np.empty(d, dtype=np.float32)  # (d,) one rotated query head
-    s = np.empty(n + 1, dtype=np.float32)  # (n + 1,) its scores
-    keys, values = k_cache[g], v_cache[g]  # (capacity, d) each
-    for h in range(g * group, (g + 1) * group):
-        _rotate(qkv, h * d, q, 0, cos, sin)
-        # scores s_t = scale · q·k_t and their maximum (the softmax is shifted by it, exactly as the oracle's)
-        _dots(q, keys, n + 1, s)
-        m = -np.inf
-        for t in range(n + 1):
-            s[t] *= scale
-            m = max(m, s[t])
-        # p_t = exp(s_t − m) (a loop without a sum, which vectorizes), l = Σ p_t, o = Σ p_t v_t / l
-        for t in range(n + 1):
-            s[t] = exp_f32(s[t] - m)
-        l = np.float32(0.0)
-        for t in range(n + 1):
-            l += s[t]
-        _weighted_rows(s, l, values, n + 1, o[h * d:(h + 1) * d])
+    q = np.empty(group * d, dtype=np.float32)  # the group's rotated query heads, one after the other
+    for i in range(group):
+        _rotate(qkv, (g * group + i) * d, q, i * d, cos, sin)
+    s = np.empty(group * (n + 1), dtype=np.float32)  # their scores, then their softmax weights, head by head
+    _attend(q, k_cache[g], v_cache[g], n + 1, scale, s, o[g * group * d:(g + 1) * group * d])
 
 
 @njit(cache=True)
-def _dots_lanes(q, keys, n, s):
-    """s[t] = q·keys[t] for t < n: q (d,), keys (capacity, d) C-contiguous, on ``kernels._common.zmm``'s 16-lane
-    vectors (AVX-512F): a fused multiply-add per 16 features, the last d mod 16 by a masked load, then the lanes
-    summed in a fixed tree. Explicit vector operations, so the order of every sum is the code's, whatever function
-    LLVM inlines it into (with a loop that fast-math lets LLVM reassociate, the step and the per-layer path
-    differed in the last bit). Written out in the loop: an inlined helper taking the arrays counted a reference on
-    each per score (atomic updates of lines that all threads share), 28 us for 1001 scores of d = 64 against 5."""
-    flat = keys.reshape(-1)  # one view (each view counts a reference: see kernels/decode/_step.py, v4)
-    d = q.size
-    full = d - d % LANES
-    for t in range(n):
-        p = t * d
+def _attend_loop(q, keys, values, n, scale, s, out):
+    """out[i] = softmax(scale · q[i]·Kᵀ) V over the first n rows of keys and values (capacity, d), for each of the
+    group's query heads i: q and out (group·d,), s (group·n,) scratch. Head by head, the portable path of
+    ``_attend``."""
+    d = keys.shape[1]
+    for i in range(q.size // d):
+        si = s[i * n:(i + 1) * n]
+        # scores s_t = scale · q·k_t and their maximum (the softmax is shifted by it, exactly as the oracle's)
+        _dots_loop(q[i * d:(i + 1) * d], keys, n, si)
+        m = -np.inf
+        for t in range(n):
+            si[t] *= scale
+            m = max(m, si[t])
+        # p_t = exp(s_t − m) (a loop without a sum, which vectorizes), l = Σ p_t, o = Σ p_t v_t / l
+        for t in range(n):
+            si[t] = exp_f32(si[t] - m)
+        l = np.float32(0.0)
+        for t in range(n):
+            l += si[t]
+        _weighted_rows(si, l, values, n, out[i * d:(i + 1) * d])
+
+
+@njit(cache=True)
+def _attend_lanes(q, keys, values, n, scale, s, out):
+    """``_attend_loop`` on ``kernels._common.zmm``'s 16-lane vectors (AVX-512F), the group's heads together: the
+    key and value rows are taken T_BLOCK_BYTES at a time and every head reads them while they are in L1, so each
+    row comes from memory once per group, not once per head. A score is a fused multiply-add per 16 features (the
+    last d mod 16 by a masked load) and its lanes summed in a fixed tree; the maximum in lanes (exact in any
+    order); l summed in 16 lanes, then the same tree; the weights p_t / l; out = Σ_t (p_t / l) · v_t in t order,
+    a fused multiply-add per 16 features, four vectors of features held in registers over a block of rows.
+
+    Explicit vector operations, so the order of every sum is the code's, whatever function LLVM inlines this into
+    (with loops that fast-math let LLVM reassociate, the fused step and the per-layer path differed in the last
+    bit); both call this, and agree bit for bit. Every loop written out here: an inlined helper taking the arrays
+    counted a reference on each per score (atomic updates of lines that all threads share), 28 us for 1001
+    scores of d = 64 against 5."""
+    kflat, vflat = keys.reshape(-1), values.reshape(-1)  # one view each (a view counts a reference: see
+    # kernels/decode/_step.py, v4)
+    d = keys.shape[1]
+    group = q.size // d
+    full = d - d % LANES  # features in whole vectors
+    quads = d - d % (4 * LANES)  # features in groups of four vectors
+    block = max(1, T_BLOCK_BYTES // (4 * d))  # rows of keys (or values) per block
+    for t0 in range(0, n, block):
+        t1 = min(t0 + block, n)
+        for i in range(group):
+            for t in range(t0, t1):
+                p = t * d
+                acc = fzero()
+                for j in range(0, full, LANES):
+                    acc = ffma(fload(q, i * d + j), fload(kflat, p + j), acc)
+                if full < d:
+                    acc = ffma(fload_first(q, i * d + full, d - full), fload_first(kflat, p + full, d - full), acc)
+                s[i * n + t] = fsum_halves(acc) * scale
+    whole = n - n % LANES  # scores in whole vectors
+    for i in range(group):
+        base = i * n
+        m = -np.inf
+        if whole:
+            vm = fload(s, base)
+            for t in range(LANES, whole, LANES):
+                vm = fmax(vm, fload(s, base + t))
+            m = fmax_lanes(vm)
+        for t in range(whole, n):
+            m = max(m, s[base + t])
+        for t in range(n):
+            s[base + t] = exp_f32(s[base + t] - m)
         acc = fzero()
-        for j in range(0, full, LANES):
-            acc = ffma(fload(q, j), fload(flat, p + j), acc)
-        if full < d:
-            acc = ffma(fload_first(q, full, d - full), fload_first(flat, p + full, d - full), acc)
-        s[t] = fsum_halves(acc)
+        for t in range(0, whole, LANES):
+            acc = fadd(acc, fload(s, base + t))
+        if whole < n:
+            acc = fadd(acc, fload_first(s, base + whole, n - whole))
+        l = fsum_halves(acc)
+        for t in range(n):
+            s[base + t] = s[base + t] / l
+    for j in range(out.size):
+        out[j] = 0.0
+    for t0 in range(0, n, block):
+        t1 = min(t0 + block, n)
+        for i in range(group):
+            base, o0 = i * n, i * d
+            for f in range(0, quads, 4 * LANES):
+                a0, a1 = fload(out, o0 + f), fload(out, o0 + f + LANES)
+                a2, a3 = fload(out, o0 + f + 2 * LANES), fload(out, o0 + f + 3 * LANES)
+                for t in range(t0, t1):
+                    w, p = fsplat(s[base + t]), t * d + f
+                    a0 = ffma(w, fload(vflat, p), a0)
+                    a1 = ffma(w, fload(vflat, p + LANES), a1)
+                    a2 = ffma(w, fload(vflat, p + 2 * LANES), a2)
+                    a3 = ffma(w, fload(vflat, p + 3 * LANES), a3)
+                fstore(out, o0 + f, a0)
+                fstore(out, o0 + f + LANES, a1)
+                fstore(out, o0 + f + 2 * LANES, a2)
+                fstore(out, o0 + f + 3 * LANES, a3)
+            for f in range(quads, full, LANES):
+                a0 = fload(out, o0 + f)
+                for t in range(t0, t1):
+                    a0 = ffma(fsplat(s[base + t]), fload(vflat, t * d + f), a0)
+                fstore(out, o0 + f, a0)
+            if full < d:
+                tail = d - full
+                a0 = fload_first(out, o0 + full, tail)
+                for t in range(t0, t1):
+                    a0 = ffma(fsplat(s[base + t]), fload_first(vflat, t * d + full, tail), a0)
+                fstore_first(out, o0 + full, tail, a0)
 
 
 @njit(cache=True)
 def _dots_loop(q, keys, n, s):
-    """``_dots_lanes`` summed in feature order, for targets without AVX-512F (LLVM vectorizes no float sum that
-    it may not reassociate)."""
+    """s[t] = q·keys[t] for t < n (q (d,), keys (capacity, d)), summed in feature order: the portable path's scores
+    (LLVM vectorizes no float sum that it may not reassociate)."""
     for t in range(n):
         acc = np.float32(0.0)
         for j in range(q.size):
             acc += q[j] * keys[t, j]
         s[t] = acc
-
-
-_dots = _dots_lanes if USE_LANES else _dots_loop
 
 
 @njit(cache=True)
@@ -171,6 +259,9 @@ def _weighted_rows(p, l, values, n, out):
         w = p[t] / l
         for j in range(out.size):
             out[j] += w * values[t, j]
+
+
+_attend = _attend_lanes if USE_LANES else _attend_loop
 
 
 @njit(cache=True)

@@ -48,21 +48,42 @@ def test_rope_attend_equals_the_oracle(rng, hq, hkv, d, slot):
 
 
 @pytest.mark.parametrize("d", [1, 2, 15, 16, 17, 31, 32, 33, 64, 72])
+def test_the_portable_attention_scores_equal_the_float64_dot_products(rng, d):
+    from kernels.decode import _fused
+
+    n, capacity = 11, 11
+    q = rng.standard_normal(d).astype(np.float32)
+    keys = rng.standard_normal((capacity, d)).astype(np.float32)
+    s = np.full(n + 2, 7.0, np.float32)
+    _fused._dots_loop(q, keys, n, s)
+    assert_close(s[:n], keys.astype(np.float64) @ q, np.float32)
+    assert np.all(s[n:] == 7.0)  # nothing past the n scores is written
+
+
+# d: below one vector, its tails, four vectors (SmolLM2's 64) and past them with a tail; n: below one vector of
+# scores, its edges, and past one block of rows (``T_BLOCK_BYTES``: 64 rows at d = 64, 2048 at d = 2)
+@pytest.mark.parametrize("group, d, n", [(1, 1, 1), (3, 2, 2100), (3, 15, 16), (4, 16, 17), (2, 17, 15),
+                                         (3, 64, 300), (1, 72, 33), (2, 130, 70)])
 @pytest.mark.parametrize("path", ["lanes", "loop"])
-def test_the_attention_scores_equal_the_float64_dot_products(rng, d, path):
+def test_the_group_attention_equals_the_oracle_on_either_path(rng, group, d, n, path):
     from kernels.decode import _fused
     from kernels._common import zmm
 
     if path == "lanes" and not zmm.AVAILABLE:
         pytest.skip("the 16-lane path compiles only for a target with AVX-512F")
-    dots = _fused._dots_lanes if path == "lanes" else _fused._dots_loop
-    n, capacity = 11, 11  # the last key row ends where the array ends
-    q = rng.standard_normal(d).astype(np.float32)
+    attend = _fused._attend_lanes if path == "lanes" else _fused._attend_loop
+    capacity = n  # the last rows end where the arrays end (the masked tails read nothing past them)
+    q = rng.standard_normal(group * d).astype(np.float32)
     keys = rng.standard_normal((capacity, d)).astype(np.float32)
-    s = np.full(n + 2, 7.0, np.float32)
-    dots(q, keys, n, s)
-    assert_close(s[:n], keys.astype(np.float64) @ q, np.float32)
-    assert np.all(s[n:] == 7.0)  # nothing past the n scores is written
+    values = rng.standard_normal((capacity, d)).astype(np.float32)
+    scale = np.float32(d**-0.5)
+    s = np.empty(group * n, np.float32)
+    out = np.full(group * d + 3, 7.0, np.float32)
+    attend(q, keys, values, n, scale, s, out[:group * d])
+    q64, k64, v64 = (a.astype(np.float64) for a in (q.reshape(group, 1, d), keys[None], values[None]))
+    expected = attn.reference(q64, k64, v64, scale=float(scale))
+    assert_close(out[:group * d].reshape(group, 1, d), expected, np.float32)
+    assert np.all(out[group * d:] == 7.0)  # nothing past the group's outputs is written
 
 
 @pytest.mark.parametrize("n", [1, 5, 1536])
