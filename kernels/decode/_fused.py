@@ -1,6 +1,7 @@
 """The per-token pieces of a Llama decoder block outside its matmuls, fused into a few serial Numba kernels for a
 decode step (one new token against a preallocated KV cache): the residual add with RMSNorm, rotary embeddings on
-Q and K with the cache write and the attention of the new query against the cache, and the SwiGLU product.
+Q and K with the cache write and the attention of the new query against the cache (in pieces of the cached slots,
+which a fused step runs as parallel tasks), and the SwiGLU product.
 
 A decode step of a small model spends as much time in NumPy's per-call overhead for these (a dozen small array
 operations per block, and an ``np.concatenate`` of the whole cache per layer) as in streaming its weights; here a
@@ -39,6 +40,13 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       -> 2.30 ms, 4000 18.3 -> 12.1 ms. ``generate`` of 32 tokens, int8 with the int8 LM head, alternating
       fresh processes with v3 (two pairs): after a 1000-token prompt 107-115 -> 122-127 tokens/s, after 4000
       42-45 -> 53-56, after 16 within the noise (230-241, 227-253).
+  v5: a kv head's slots in pieces of PIECE_SLOTS (``_attend_piece``), combined in order (``_combine``), so that
+      the fused step shares a long context among its threads (three kv heads on two threads had taken two heads'
+      time). The step's part beside its weights (``fixed_seconds``, two threads), alternating with v4: 1000 cached
+      tokens 2.48 -> 1.99 ms, 4000 13.4 -> 10.4 ms (one thread: 3.2-3.5 and 19.8-20.1 either way). ``generate``
+      of 32 tokens, int8 with the int8 LM head, alternating fresh processes with v4 (two pairs, a slower phase of
+      the VM than v4's runs): after a 1000-token prompt 108-111 -> 118-120 tokens/s, after 4000 50-52 -> 60-63,
+      after 16 within the noise (185-195, 185-189).
 """
 from __future__ import annotations
 
@@ -51,6 +59,10 @@ from .._common.numba_cpu import exp_f32
 from .._common.zmm import (AVAILABLE as USE_LANES, LANES, fadd, ffma, fload, fload_first, fmax, fmax_lanes, fsplat,
                            fstore, fstore_first, fsum_halves, fzero)
 
+PIECE_SLOTS = 512  # cached slots per piece of a kv head's attention (``_rope_attend``): 256 KB of keys and values
+# at d = 64, against which combining a piece (a pass over group·d values) costs little, and few enough slots that
+# a context of a thousand tokens gives each thread of a fused step its share of the pieces (three kv heads on two
+# threads took two heads' time: SmolLM2's at 1000 cached tokens ran 0.70x its one-thread time on two)
 T_BLOCK_BYTES = 16 * 1024  # the key or value rows that the group's heads read in turn while they are in L1: half
 # the smallest L1 data cache of current x86 server cores (32 KiB: AMD Zen 2 to Zen 4, AMD's software optimization
 # guides; Intel's from Ice Lake-SP on hold 48 KiB)
@@ -105,79 +117,131 @@ def _rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
     cos, sin (d/2,): its rotary angles; k_cache, v_cache (Hkv, capacity, d), capacity > n. Rotates the query and
     key heads, writes the key and value into slot n, and o (Hq·d,) = softmax(scale · q·Kᵀ) V over slots 0..n of
     the query head's kv head (the new token attends to itself and everything before it).
+
+    Each kv head's slots are taken PIECE_SLOTS at a time (``_attend_piece``) and the pieces combined
+    (``_combine``), in this order whoever runs them: the fused step runs the pieces of all kv heads as parallel
+    tasks and gets these outputs bit for bit.
     """
-    for g in range(k_cache.shape[0]):
-        _rope_attend_group(qkv, cos, sin, k_cache, v_cache, n, scale, o, g)
+    Hkv, _, d = k_cache.shape
+    group = (qkv.size - 2 * Hkv * d) // d // Hkv
+    pieces = n // PIECE_SLOTS + 1
+    width = piece_width(group, d)
+    parts = np.empty(pieces * width, dtype=np.float32)
+    for g in range(Hkv):
+        _rope_write(qkv, cos, sin, k_cache, v_cache, n, g)
+        for c in range(pieces):
+            _attend_piece(qkv, cos, sin, k_cache, v_cache, g, c * PIECE_SLOTS, min((c + 1) * PIECE_SLOTS, n + 1),
+                          scale, parts[c * width:(c + 1) * width])
+        _combine(parts, pieces, group, d, o[g * group * d:(g + 1) * group * d])
+
+
+@njit(inline="always")
+def piece_width(group, d):
+    """float32 values of one piece's partial result: the group's unnormalized outputs (group·d), then each head's
+    maximum score and sum of weights."""
+    return group * d + 2 * group
 
 
 @njit(cache=True)
-def _rope_attend_group(qkv, cos, sin, k_cache, v_cache, n, scale, o, g):
-    """``_rope_attend`` for kv head g and the query heads that read it (GQA): independent of the other groups, so
-    a fused step runs the groups as parallel tasks."""
+def _rope_write(qkv, cos, sin, k_cache, v_cache, n, g):
+    """Rotate the new token's key of kv head g and write it and its value into slot n."""
     Hkv, _, d = k_cache.shape
     Hq = (qkv.size - 2 * Hkv * d) // d
-    group = Hq // Hkv
     k_new = np.empty(d, dtype=np.float32)  # (d,)
     _rotate(qkv, (Hq + g) * d, k_new, 0, cos, sin)
     for j in range(d):
         k_cache[g, n, j] = k_new[j]
         v_cache[g, n, j] = qkv[(Hq + Hkv + g) * d + j]
-    q = np.empty(group * d, dtype=np.float32)  # the group's rotated query heads, one after the other
-    for i in range(group):
-        _rotate(qkv, (g * group + i) * d, q, i * d, cos, sin)
-    s = np.empty(group * (n + 1), dtype=np.float32)  # their scores, then their softmax weights, head by head
-    _attend(q, k_cache[g], v_cache[g], n + 1, scale, s, o[g * group * d:(g + 1) * group * d])
 
 
 @njit(cache=True)
-def _attend_loop(q, keys, values, n, scale, s, out):
-    """out[i] = softmax(scale · q[i]·Kᵀ) V over the first n rows of keys and values (capacity, d), for each of the
-    group's query heads i: q and out (group·d,), s (group·n,) scratch. Head by head, the portable path of
-    ``_attend``."""
+def _attend_piece(qkv, cos, sin, k_cache, v_cache, g, t0, t1, scale, part):
+    """The attention of kv head g's query heads (GQA) over slots t0 .. t1 − 1 alone: part (``piece_width``) gets,
+    per head, Σ_t p_t v_t with p_t = exp(s_t − m), the maximum score m of the piece and l = Σ_t p_t."""
+    Hkv, _, d = k_cache.shape
+    Hq = (qkv.size - 2 * Hkv * d) // d
+    group = Hq // Hkv
+    q = np.empty(group * d, dtype=np.float32)  # the group's rotated query heads, one after the other
+    for i in range(group):
+        _rotate(qkv, (g * group + i) * d, q, i * d, cos, sin)
+    s = np.empty(group * (t1 - t0), dtype=np.float32)  # their scores, then their softmax weights, head by head
+    _piece(q, k_cache[g], v_cache[g], t0, t1, scale, s, part)
+
+
+@njit(cache=True)
+def _combine(parts, pieces, group, d, out):
+    """out (group·d,) = the softmax-weighted values over all pieces from their partial results (``pieces`` of
+    them, ``piece_width`` values each): with M the largest of the pieces' maxima, piece c's outputs weighted by
+    exp(m_c − M) / Σ_c exp(m_c − M) · l_c (the rescaling of the online softmax: Milakov & Gimelshein 2018,
+    eq. 4), summed over the pieces in order."""
+    width = group * d + 2 * group
+    for i in range(group):
+        big = -np.inf
+        for c in range(pieces):
+            big = max(big, parts[c * width + group * d + i])
+        total = np.float32(0.0)
+        for c in range(pieces):
+            total += exp_f32(parts[c * width + group * d + i] - big) * parts[c * width + group * d + group + i]
+        for j in range(d):
+            out[i * d + j] = 0.0
+        for c in range(pieces):
+            w = exp_f32(parts[c * width + group * d + i] - big) / total
+            for j in range(d):
+                out[i * d + j] += w * parts[c * width + i * d + j]
+
+
+@njit(cache=True)
+def _piece_loop(q, keys, values, t0, t1, scale, s, part):
+    """``_attend_piece``'s arithmetic for the query heads q (group·d,) over rows t0 .. t1 − 1 of keys and values
+    (capacity, d), s (group·(t1 − t0),) scratch: head by head, the portable path of ``_piece``."""
     d = keys.shape[1]
-    for i in range(q.size // d):
+    group = q.size // d
+    n = t1 - t0
+    for i in range(group):
         si = s[i * n:(i + 1) * n]
         # scores s_t = scale · q·k_t and their maximum (the softmax is shifted by it, exactly as the oracle's)
-        _dots_loop(q[i * d:(i + 1) * d], keys, n, si)
+        _dots_loop(q[i * d:(i + 1) * d], keys[t0:t1], n, si)
         m = -np.inf
         for t in range(n):
             si[t] *= scale
             m = max(m, si[t])
-        # p_t = exp(s_t − m) (a loop without a sum, which vectorizes), l = Σ p_t, o = Σ p_t v_t / l
+        # p_t = exp(s_t − m) (a loop without a sum, which vectorizes), l = Σ p_t, Σ p_t v_t
         for t in range(n):
             si[t] = exp_f32(si[t] - m)
         l = np.float32(0.0)
         for t in range(n):
             l += si[t]
-        _weighted_rows(si, l, values, n, out[i * d:(i + 1) * d])
+        _weighted_rows(si, values[t0:t1], n, part[i * d:(i + 1) * d])
+        part[group * d + i] = m
+        part[group * d + group + i] = l
 
 
 @njit(cache=True)
-def _attend_lanes(q, keys, values, n, scale, s, out):
-    """``_attend_loop`` on ``kernels._common.zmm``'s 16-lane vectors (AVX-512F), the group's heads together: the
+def _piece_lanes(q, keys, values, t0, t1, scale, s, part):
+    """``_piece_loop`` on ``kernels._common.zmm``'s 16-lane vectors (AVX-512F), the group's heads together: the
     key and value rows are taken T_BLOCK_BYTES at a time and every head reads them while they are in L1, so each
     row comes from memory once per group, not once per head. A score is a fused multiply-add per 16 features (the
     last d mod 16 by a masked load) and its lanes summed in a fixed tree; the maximum in lanes (exact in any
-    order); l summed in 16 lanes, then the same tree; the weights p_t / l; out = Σ_t (p_t / l) · v_t in t order,
-    a fused multiply-add per 16 features, four vectors of features held in registers over a block of rows.
+    order); l summed in 16 lanes, then the same tree; Σ_t p_t v_t in t order, a fused multiply-add per 16
+    features, four vectors of features held in registers over a block of rows.
 
     Explicit vector operations, so the order of every sum is the code's, whatever function LLVM inlines this into
     (with loops that fast-math let LLVM reassociate, the fused step and the per-layer path differed in the last
-    bit); both call this, and agree bit for bit. Every loop written out here: an inlined helper taking the arrays
-    counted a reference on each per score (atomic updates of lines that all threads share), 28 us for 1001
-    scores of d = 64 against 5."""
+    bit). Every loop written out here: an inlined helper taking the arrays counted a reference on each per score
+    (atomic updates of lines that all threads share), 28 us for 1001 scores of d = 64 against 5."""
     kflat, vflat = keys.reshape(-1), values.reshape(-1)  # one view each (a view counts a reference: see
     # kernels/decode/_step.py, v4)
     d = keys.shape[1]
     group = q.size // d
+    n = t1 - t0
     full = d - d % LANES  # features in whole vectors
     quads = d - d % (4 * LANES)  # features in groups of four vectors
     block = max(1, T_BLOCK_BYTES // (4 * d))  # rows of keys (or values) per block
-    for t0 in range(0, n, block):
-        t1 = min(t0 + block, n)
+    for b0 in range(0, n, block):
+        b1 = min(b0 + block, n)
         for i in range(group):
-            for t in range(t0, t1):
-                p = t * d
+            for t in range(b0, b1):
+                p = (t0 + t) * d
                 acc = fzero()
                 for j in range(0, full, LANES):
                     acc = ffma(fload(q, i * d + j), fload(kflat, p + j), acc)
@@ -202,39 +266,38 @@ def _attend_lanes(q, keys, values, n, scale, s, out):
             acc = fadd(acc, fload(s, base + t))
         if whole < n:
             acc = fadd(acc, fload_first(s, base + whole, n - whole))
-        l = fsum_halves(acc)
-        for t in range(n):
-            s[base + t] = s[base + t] / l
-    for j in range(out.size):
-        out[j] = 0.0
-    for t0 in range(0, n, block):
-        t1 = min(t0 + block, n)
+        part[group * d + i] = m
+        part[group * d + group + i] = fsum_halves(acc)
+    for j in range(group * d):
+        part[j] = 0.0
+    for b0 in range(0, n, block):
+        b1 = min(b0 + block, n)
         for i in range(group):
             base, o0 = i * n, i * d
             for f in range(0, quads, 4 * LANES):
-                a0, a1 = fload(out, o0 + f), fload(out, o0 + f + LANES)
-                a2, a3 = fload(out, o0 + f + 2 * LANES), fload(out, o0 + f + 3 * LANES)
-                for t in range(t0, t1):
-                    w, p = fsplat(s[base + t]), t * d + f
+                a0, a1 = fload(part, o0 + f), fload(part, o0 + f + LANES)
+                a2, a3 = fload(part, o0 + f + 2 * LANES), fload(part, o0 + f + 3 * LANES)
+                for t in range(b0, b1):
+                    w, p = fsplat(s[base + t]), (t0 + t) * d + f
                     a0 = ffma(w, fload(vflat, p), a0)
                     a1 = ffma(w, fload(vflat, p + LANES), a1)
                     a2 = ffma(w, fload(vflat, p + 2 * LANES), a2)
                     a3 = ffma(w, fload(vflat, p + 3 * LANES), a3)
-                fstore(out, o0 + f, a0)
-                fstore(out, o0 + f + LANES, a1)
-                fstore(out, o0 + f + 2 * LANES, a2)
-                fstore(out, o0 + f + 3 * LANES, a3)
+                fstore(part, o0 + f, a0)
+                fstore(part, o0 + f + LANES, a1)
+                fstore(part, o0 + f + 2 * LANES, a2)
+                fstore(part, o0 + f + 3 * LANES, a3)
             for f in range(quads, full, LANES):
-                a0 = fload(out, o0 + f)
-                for t in range(t0, t1):
-                    a0 = ffma(fsplat(s[base + t]), fload(vflat, t * d + f), a0)
-                fstore(out, o0 + f, a0)
+                a0 = fload(part, o0 + f)
+                for t in range(b0, b1):
+                    a0 = ffma(fsplat(s[base + t]), fload(vflat, (t0 + t) * d + f), a0)
+                fstore(part, o0 + f, a0)
             if full < d:
                 tail = d - full
-                a0 = fload_first(out, o0 + full, tail)
-                for t in range(t0, t1):
-                    a0 = ffma(fsplat(s[base + t]), fload_first(vflat, t * d + full, tail), a0)
-                fstore_first(out, o0 + full, tail, a0)
+                a0 = fload_first(part, o0 + full, tail)
+                for t in range(b0, b1):
+                    a0 = ffma(fsplat(s[base + t]), fload_first(vflat, (t0 + t) * d + full, tail), a0)
+                fstore_first(part, o0 + full, tail, a0)
 
 
 @njit(cache=True)
@@ -249,19 +312,18 @@ def _dots_loop(q, keys, n, s):
 
 
 @njit(cache=True)
-def _weighted_rows(p, l, values, n, out):
-    """out = Σ_{t < n} (p[t] / l) · values[t]: values (capacity, d), out (d,), summed over t in order. Each lane of
-    a vector is one output feature, so LLVM vectorizes it without reordering any sum (out[j] += ... on o's own
-    slice of the heads: an index into the whole o left it scalar, 7x slower at n = 1001)."""
+def _weighted_rows(p, values, n, out):
+    """out = Σ_{t < n} p[t] · values[t]: values (capacity, d), out (d,), summed over t in order. Each lane of a
+    vector is one output feature, so LLVM vectorizes it without reordering any sum (out[j] += ... on o's own slice
+    of the heads: an index into the whole o left it scalar, 7x slower at n = 1001)."""
     for j in range(out.size):
         out[j] = 0.0
     for t in range(n):
-        w = p[t] / l
         for j in range(out.size):
-            out[j] += w * values[t, j]
+            out[j] += p[t] * values[t, j]
 
 
-_attend = _attend_lanes if USE_LANES else _attend_loop
+_piece = _piece_lanes if USE_LANES else _piece_loop
 
 
 @njit(cache=True)

@@ -4,15 +4,15 @@ the LM head — in one parallel region.
 Why: with the pool's threads asleep between regions (``kernels/_common/threads.py``), each region pays a wake-up
 of tens of microseconds on a VM; a SmolLM2 token through per-layer kernels launched 121 regions, about a third of
 its time. Here the step is a fixed list of dependent steps (``plan``), each split into tasks — a run of a
-linear layer's outputs, one kv head of the attention, or one serial task (an RMSNorm, the
-quantization of a linear's input) — and every thread of the region claims tasks, its own contiguous block of the
+linear layer's outputs, a piece of one kv head's attention (or the combination of one kv head's pieces), or one
+serial task (an RMSNorm, the quantization of a linear's input) — and every thread of the region claims tasks, its own contiguous block of the
 step's tasks first, then what is left of the others' (``kernels/_common/atomics.py``: ``claim``), then waits for
 the step's last task before it moves on, asking meanwhile for its first rows of the next linear step. Claiming
 makes a late or preempted thread harmless: the threads that are running take its tasks; the waits spin only on this
 call's own threads, which sleep again when it returns.
 
-The pieces are the per-layer path's own code: ``_add_rms_norm``, ``_rope_attend_group`` and SwiGLU's arithmetic
-from ``_fused``, ``kernels.dense.gemv_rows`` and ``kernels.int8.rows`` (LLM.int8()'s split GEMV, bit-identical to
+The pieces are the per-layer path's own code: ``_add_rms_norm``, ``_attend_piece`` with ``_combine`` and SwiGLU's
+arithmetic from ``_fused``, ``kernels.dense.gemv_rows`` and ``kernels.int8.rows`` (LLM.int8()'s split GEMV, bit-identical to
 ``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
 
 Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
@@ -49,6 +49,11 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       tokens/s (faster in each pair), int8 + int8 head 139-200 -> 155-183; later, in a slower phase of the VM,
       int8 + head 104-120 against 115-123 with four (three pairs). Not clearly better for int8, whose tasks hold
       4x fewer bytes per row; a task size in bytes rather than rows is the next thing to measure.
+  v9: the attention's tasks are pieces of a kv head's slots (``_fused._attend_piece``, v5 there), piece by piece
+      across the kv heads, and a COMBINE step after them where a cache holds more than one piece: SmolLM2's three
+      kv heads no longer leave one of two threads idle for a third of a long attention (the step's part beside its
+      weights at 4000 cached tokens 13.4 -> 10.4 ms; in ``generate`` after a 4000-token prompt 50-52 -> 60-63
+      tokens/s, int8 + int8 head).
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
 from ..int8.rows import int8_rows, padded_k, path_marker, prepare
-from ._fused import _add_rms_norm, _rope_attend_group
+from ._fused import PIECE_SLOTS, _add_rms_norm, _attend_piece, _combine, _rope_write, piece_width
 
 TASKS_PER_THREAD = 4  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
 # be covered by the others, few enough that each task streams a long run of weight rows (v8 tried eight)
@@ -74,8 +79,8 @@ AHEAD_BYTES = 256 * 1024  # the most a waiting thread asks for of its next linea
 # optimization guides; Intel's from Skylake-SP on hold 1-2 MiB), so that the lines are still there when it reads
 # them. A wait is rarely long enough to ask for that much (tens of microseconds at ~15 GB/s per core)
 
-# the kinds of step, in the order a block runs them
-NORM_ATTN, QKV, ATTEND, PREP_O, O_PROJ, NORM_FFN, GATE_UP, PREP_ACT, DOWN, NORM_FINAL, HEAD = range(11)
+# the kinds of step, in the order a block runs them (COMBINE after ATTEND where a kv head's slots come in pieces)
+NORM_ATTN, QKV, ATTEND, COMBINE, PREP_O, O_PROJ, NORM_FFN, GATE_UP, PREP_ACT, DOWN, NORM_FINAL, HEAD = range(12)
 QKV_LIN, O_LIN, GATE_UP_LIN, DOWN_LIN, HEAD_LIN = range(5)  # a block's linear layers; the LM head is linear 4·L
 LINEAR_STEPS = (QKV, O_PROJ, GATE_UP, DOWN, HEAD)  # the steps that read a weight
 
@@ -177,8 +182,12 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
     arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes = weights
     attn_norms, ffn_norms, final_norm, eps = norms
     keys, values, slots = kv
-    x, h, qkv, o, ya, gate_up, act, delta, logits, empty = bufs
+    x, h, qkv, o, ya, gate_up, act, delta, logits, empty, parts = bufs
     cos, sin, scale = rot
+    n_kv, d = keys.shape[1], keys.shape[3]
+    group = o.size // d // n_kv
+    width = piece_width(group, d)
+    pieces = parts.size // (n_kv * width)  # a kv head's pieces of slots at most (``_plan``)
     for s in range(kinds.size):
         kind, layer, n_tasks = kinds[s], layers[s], tasks[s]
         # this step's arrays, taken once: its linear j of block ``layer`` (the head is linear 4·L), its input v_in,
@@ -224,8 +233,19 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
             elif kind == PREP_O or kind == PREP_ACT:
                 _prepare(is_int8, threshold, v_in, quant)
                 outliers[lin] += n_outliers[0] if is_int8 else 0
-            elif kind == ATTEND:  # kv head t: rotate, write the slot, attend (its query heads)
-                _rope_attend_group(qkv, cos, sin, k_cache, v_cache, slots[layer], scale, o, t)
+            elif kind == ATTEND:  # piece c of kv head g's slots (the slot's own piece: rotate, write it first)
+                c, g, n = t // n_kv, t % n_kv, slots[layer]
+                if c <= n // PIECE_SLOTS:
+                    if c == n // PIECE_SLOTS:
+                        _rope_write(qkv, cos, sin, k_cache, v_cache, n, g)
+                    part = parts[(g * pieces + c) * width:(g * pieces + c + 1) * width]
+                    _attend_piece(qkv, cos, sin, k_cache, v_cache, g, c * PIECE_SLOTS,
+                                  min((c + 1) * PIECE_SLOTS, n + 1), scale, part)
+                    if pieces == 1:  # no COMBINE step: the one piece is the result
+                        _combine(part, 1, group, d, o[g * group * d:(g + 1) * group * d])
+            elif kind == COMBINE:  # kv head t's pieces, in order
+                _combine(parts[t * pieces * width:(t + 1) * pieces * width], slots[layer] // PIECE_SLOTS + 1,
+                         group, d, o[t * group * d:(t + 1) * group * d])
             elif kind == GATE_UP:  # gate and up rows of the same features, then SwiGLU (Shazeer 2020)
                 n_act = act.size
                 n1 = min(n0 + rows[s], n_act)
@@ -298,12 +318,15 @@ def _quant_buffers(K):
             _lines((1, padded_k(K)), np.uint8), _lines((1,), np.float32), n_outliers)
 
 
-def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_workers):
-    """The steps of one token for ``n_workers`` threads: (kinds, layers, tasks, rows per task, ahead) int64 arrays;
-    ahead[s] is the first step after s that reads a weight (-1 when none does)."""
+def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_workers, pieces):
+    """The steps of one token for ``n_workers`` threads, with a kv head's slots in at most ``pieces`` pieces:
+    (kinds, layers, tasks, rows per task, ahead) int64 arrays; ahead[s] is the first step after s that reads a
+    weight (-1 when none does). An attention step's tasks are the pieces, piece by piece across the kv heads (the
+    pieces past a layer's slots, at the end, are empty), so that a thread's home block holds its share of them."""
     steps = []
     for layer in range(n_layers):
         steps += [(NORM_ATTN, layer), (QKV, layer), (ATTEND, layer)]
+        steps += [(COMBINE, layer)] if pieces > 1 else []
         steps += [(PREP_O, layer)] if int8_layers else []
         steps += [(O_PROJ, layer), (NORM_FFN, layer), (GATE_UP, layer)]
         steps += [(PREP_ACT, layer)] if int8_layers else []
@@ -315,6 +338,8 @@ def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_wo
     tasks, rows = np.ones(kinds.size, dtype=np.int64), np.ones(kinds.size, dtype=np.int64)
     for s, kind in enumerate(kinds):
         if kind == ATTEND:
+            tasks[s] = n_kv_heads * pieces
+        elif kind == COMBINE:
             tasks[s] = n_kv_heads
         elif kind in outputs_of:
             n = outputs_of[kind]
@@ -422,7 +447,8 @@ class LlamaDecodeStep:
                          starts, np.array(expected, dtype=np.int64))
         # the outputs a linear step divides among its tasks (GATE_UP: features of the SwiGLU product)
         self._outputs_of = {QKV: self.qkv_size, O_PROJ: H, GATE_UP: I, DOWN: H, HEAD: self.vocab}
-        self._plans = {}  # by (logits, threads)
+        self._plans = {}  # by (logits, threads, pieces)
+        self._parts = {}  # the attention pieces' partial results, by pieces per kv head (``_pieces``)
         # the region's buffers and counters, made once (the logits' 196 KB came from fresh pages at each call):
         # SmolLM2's int8 step alone 6.2 -> 5.4 ms on the 2-vCPU Xeon; in ``generate``, alternating fresh
         # processes, 152-173 -> 160-168 tokens/s, within that machine's noise
@@ -432,7 +458,7 @@ class LlamaDecodeStep:
                       _lines((2 * I,), f32), _lines((I,), f32), _lines((H,), f32))  # gate_up, SwiGLU, w_down's
         self._quant = (_quant_buffers(H), _quant_buffers(I))  # the prepared inputs of the int8 linears
         self._empty = np.empty(0, dtype=f32)  # the first block's residual branch: none
-        n_steps = 9 * L + 2  # at most: nine per block, the final norm and the head (``_plan``)
+        n_steps = 10 * L + 2  # at most: ten per block, the final norm and the head (``_plan``)
         # per step: each home block's claims, then the step's done count; after the last step, the result's count
         # of values that are not finite
         self._counters = _lines((((numba.config.NUMBA_NUM_THREADS + 1) * n_steps + 1) * COUNTER_STRIDE,), np.int64)
@@ -474,15 +500,16 @@ class LlamaDecodeStep:
                 raise ValueError(f"{name} must be a float32 array ({half},); got {np.shape(a)}")
         slots = self._check_caches(keys, values, slots)
         n_workers = numba.get_num_threads()
-        key = (bool(logits), n_workers)
+        pieces, parts = self._pieces(keys.shape[2])
+        key = (bool(logits), n_workers, pieces)
         if key not in self._plans:
             self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
-                                     self.int8_head, bool(logits), n_workers)
+                                     self.int8_head, bool(logits), n_workers, pieces)
         plan = self._plans[key]
         rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin), self._scale)
         h, out = self._h, self._logits
         with self._lock:  # one call at a time: the buffers are the step's own
-            not_finite = self._region(n_workers, plan, x, (keys, values, slots), rot, self._outliers)
+            not_finite = self._region(n_workers, plan, x, (keys, values, slots), rot, self._outliers, parts)
             self._calls += 1
             result = (out if logits else h).copy()
         if not_finite:
@@ -490,16 +517,25 @@ class LlamaDecodeStep:
                              f"float32's range)")
         return result
 
-    def _region(self, n_workers, plan, x, kv, rot, outliers):
-        """Run ``plan`` once on the step's own buffers (the caller holds the lock); the count of the result's values
-        that are not finite."""
+    def _pieces(self, capacity):
+        """(pieces, parts): the most pieces of ``PIECE_SLOTS`` slots a kv head's attention takes in a cache of
+        ``capacity`` slots, and the buffer of their partial results (made once per count)."""
+        pieces = -(-capacity // PIECE_SLOTS)
+        if pieces not in self._parts:
+            group = self.n_heads // self.n_kv_heads
+            self._parts[pieces] = _lines((self.n_kv_heads * pieces * piece_width(group, self.head_dim),), np.float32)
+        return pieces, self._parts[pieces]
+
+    def _region(self, n_workers, plan, x, kv, rot, outliers, parts):
+        """Run ``plan`` once on the step's own buffers (the caller holds the lock), the attention's pieces in
+        ``parts`` (``_pieces``); the count of the result's values that are not finite."""
         for lin, layer in self._int8:
             self._thresholds[lin] = layer.threshold
         n_counted = plan[0].size * (n_workers + 1) * COUNTER_STRIDE  # the steps' counts (``_worker``)
         counters = self._counters[:n_counted + COUNTER_STRIDE]
         counters[:] = 0
         _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds, self._norms,
-             kv, (x, self._h, *self._work, self._logits, self._empty), *self._quant, rot, outliers)
+             kv, (x, self._h, *self._work, self._logits, self._empty, parts), *self._quant, rot, outliers)
         return counters[n_counted]
 
     @property
@@ -528,8 +564,9 @@ class LlamaDecodeStep:
         angles = rng.uniform(0.0, 2 * np.pi, self.head_dim // 2)
         rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
         n_workers = numba.get_num_threads()
+        pieces, parts = self._pieces(int(context) + 1)
         kinds, layers, tasks, rows, ahead = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
-                                                  self.int8_head, True, n_workers)
+                                                  self.int8_head, True, n_workers, pieces)
         rows = np.where(np.isin(kinds, LINEAR_STEPS), 0, rows)  # a linear task of no rows: n0 = n1 = 0
         plan = (kinds, layers, tasks, rows, ahead)
         x = rng.standard_normal(self.hidden, dtype=np.float32)
@@ -541,7 +578,7 @@ class LlamaDecodeStep:
             for _ in range(calls + 1):  # the first call compiles nothing new but warms the buffers: not counted
                 x0 = x.copy()
                 start = time.perf_counter()
-                self._region(n_workers, plan, x0, (keys, values, slots), rot, outliers)
+                self._region(n_workers, plan, x0, (keys, values, slots), rot, outliers, parts)
                 seconds.append(time.perf_counter() - start)
         return float(np.median(seconds[1:]))
 

@@ -21,9 +21,11 @@ def test_add_rms_norm_equals_the_oracle(rng, hidden, with_delta):
     assert_close(h, decode.rms_norm_reference(residual, weight, 1e-5), np.float32)
 
 
-# (Hq, Hkv, d, slot): MHA, GQA groups of 3 and 2, the first token (slot 0), d of 2 (one rotary pair)
+# (Hq, Hkv, d, slot): MHA, GQA groups of 3 and 2, the first token (slot 0), d of 2 (one rotary pair), three pieces
+# of slots (``PIECE_SLOTS``: 512) and two, the second of the new token alone
 @pytest.mark.parametrize("hq, hkv, d, slot", [(4, 4, 8, 5), (9, 3, 64, 0), (9, 3, 64, 37), (6, 3, 2, 130),
-                                              (8, 1, 16, 1), (4, 2, 24, 19), (2, 1, 72, 40)])
+                                              (8, 1, 16, 1), (4, 2, 24, 19), (2, 1, 72, 40), (9, 3, 64, 1100),
+                                              (4, 2, 24, 512)])
 def test_rope_attend_equals_the_oracle(rng, hq, hkv, d, slot):
     qkv = rng.standard_normal((hq + 2 * hkv) * d).astype(np.float32)
     angles = rng.uniform(0, 2 * np.pi, d // 2)
@@ -61,28 +63,34 @@ def test_the_portable_attention_scores_equal_the_float64_dot_products(rng, d):
 
 
 # d: below one vector, its tails, four vectors (SmolLM2's 64) and past them with a tail; n: below one vector of
-# scores, its edges, and past one block of rows (``T_BLOCK_BYTES``: 64 rows at d = 64, 2048 at d = 2)
+# scores, its edges, and past one block of rows (``T_BLOCK_BYTES``: 64 rows at d = 64, 2048 at d = 2); the slots
+# in one piece, in two and in three uneven ones (the last of a single slot)
 @pytest.mark.parametrize("group, d, n", [(1, 1, 1), (3, 2, 2100), (3, 15, 16), (4, 16, 17), (2, 17, 15),
                                          (3, 64, 300), (1, 72, 33), (2, 130, 70)])
+@pytest.mark.parametrize("cuts", [(), (0.5,), (0.3, 1.0)])
 @pytest.mark.parametrize("path", ["lanes", "loop"])
-def test_the_group_attention_equals_the_oracle_on_either_path(rng, group, d, n, path):
+def test_the_pieces_of_a_group_attention_combine_to_the_oracle(rng, group, d, n, cuts, path):
     from kernels.decode import _fused
     from kernels._common import zmm
 
     if path == "lanes" and not zmm.AVAILABLE:
         pytest.skip("the 16-lane path compiles only for a target with AVX-512F")
-    attend = _fused._attend_lanes if path == "lanes" else _fused._attend_loop
-    capacity = n  # the last rows end where the arrays end (the masked tails read nothing past them)
+    piece = _fused._piece_lanes if path == "lanes" else _fused._piece_loop
+    bounds = sorted({0, n, *(min(n - 1, max(1, int(c * n))) for c in cuts if n > 1)})
     q = rng.standard_normal(group * d).astype(np.float32)
-    keys = rng.standard_normal((capacity, d)).astype(np.float32)
-    values = rng.standard_normal((capacity, d)).astype(np.float32)
+    keys = rng.standard_normal((n, d)).astype(np.float32)  # the last rows end where the arrays end (the masked
+    values = rng.standard_normal((n, d)).astype(np.float32)  # tails read nothing past them)
     scale = np.float32(d**-0.5)
-    s = np.empty(group * n, np.float32)
+    width = _fused.piece_width(group, d)
+    parts = np.full(len(bounds) * width, 7.0, np.float32)
+    for c, (t0, t1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        piece(q, keys, values, t0, t1, scale, np.empty(group * (t1 - t0), np.float32), parts[c * width:])
+    assert np.all(parts[(len(bounds) - 1) * width:] == 7.0)  # nothing past the pieces' results is written
     out = np.full(group * d + 3, 7.0, np.float32)
-    attend(q, keys, values, n, scale, s, out[:group * d])
+    _fused._combine(parts, len(bounds) - 1, group, d, out[:group * d])
     q64, k64, v64 = (a.astype(np.float64) for a in (q.reshape(group, 1, d), keys[None], values[None]))
-    expected = attn.reference(q64, k64, v64, scale=float(scale))
-    assert_close(out[:group * d].reshape(group, 1, d), expected, np.float32)
+    assert_close(out[:group * d].reshape(group, 1, d), attn.reference(q64, k64, v64, scale=float(scale)),
+                 np.float32)
     assert np.all(out[group * d:] == 7.0)  # nothing past the group's outputs is written
 
 

@@ -9,6 +9,7 @@ from numba import njit, prange
 
 from kernels import decode
 from kernels.decode import _step
+from kernels.decode._fused import PIECE_SLOTS
 from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, wait_until
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
@@ -70,17 +71,19 @@ SHAPES = [(2, 3, 1, 8, 70, 130), (1, 2, 2, 2, 5, 1), (3, 4, 2, 16, 64, 200), (2,
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-hq{}-hkv{}-d{}-I{}-V{}".format(*s))
 @pytest.mark.parametrize("mode", ["fp32", "int8", "int8-head", "fp32-int8-head"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads):
+@pytest.mark.parametrize("capacity", [9, 1200])  # a kv head's slots in one piece; in up to three (PIECE_SLOTS)
+def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads, capacity):
     L, hq, hkv, d, inter, vocab = shape
     int8, int8_head = mode in ("int8", "int8-head"), mode.endswith("int8-head")  # int8 blocks: bit for bit
     layers, attn_norms, ffn_norms, final, head = _model(rng, L, hq, hkv, d, inter, vocab, int8, int8_head, 1.5)
     step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=hq, n_kv_heads=hkv,
                                   head_dim=d, eps=1e-5)
-    capacity = 9
     keys = rng.standard_normal((L, hkv, capacity, d)).astype(np.float32)
     values = rng.standard_normal((L, hkv, capacity, d)).astype(np.float32)
     slots = rng.integers(0, capacity, L)  # layers at different lengths, as after a per-layer compression
     slots[0] = 0  # the first token of a layer attends to itself only
+    if L > 1 and capacity > PIECE_SLOTS:
+        slots[1] = PIECE_SLOTS  # the new token alone in its piece
     x = (3 * rng.standard_normal(hq * d)).astype(np.float32)
     angles = rng.uniform(0, 2 * np.pi, d // 2)
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
@@ -335,9 +338,15 @@ def _claim(counters, worker, n_workers, n_tasks):
 @pytest.mark.parametrize("int8_layers, int8_head, logits", [(False, False, True), (True, True, True),
                                                             (True, False, False)])
 @pytest.mark.parametrize("n_workers", [1, 2, 3])
-def test_each_step_looks_ahead_to_the_next_step_that_reads_a_weight(int8_layers, int8_head, logits, n_workers):
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_each_step_looks_ahead_to_the_next_step_that_reads_a_weight(int8_layers, int8_head, logits, n_workers, pieces):
     outputs_of = {_step.QKV: 96, _step.O_PROJ: 64, _step.GATE_UP: 80, _step.DOWN: 64, _step.HEAD: 1000}
-    kinds, layers, tasks, rows, ahead = _step._plan(3, outputs_of, 2, int8_layers, int8_head, logits, n_workers)
+    kinds, layers, tasks, rows, ahead = _step._plan(3, outputs_of, 2, int8_layers, int8_head, logits, n_workers,
+                                                    pieces)
+    # the attention's tasks are its pieces of the two kv heads' slots, combined in a step of their own if more than one
+    assert np.all(tasks[kinds == _step.ATTEND] == 2 * pieces)
+    assert np.sum(kinds == _step.COMBINE) == (3 if pieces > 1 else 0)
+    assert np.all(kinds[np.flatnonzero(kinds == _step.COMBINE) - 1] == _step.ATTEND)
     linear = np.isin(kinds, _step.LINEAR_STEPS)
     for s in range(kinds.size):
         later = np.flatnonzero(linear[s + 1:])
