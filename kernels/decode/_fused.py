@@ -18,7 +18,7 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       tokens/s = 0.89 of the weight-bytes bound (21.4 GB/s read), int8 77.4, int8 with the int8 LM head 106.3
       (3.0x fp32).
   v2: the attention's scores on explicit 16-lane vectors where the target has AVX-512F (``_dots_lanes``, part of
-      ``_attend_lanes`` since v4), and its weighted sum of the values on vectors over the features
+      ``_piece_lanes`` since v4), and its weighted sum of the values on vectors over the features
       (``_weighted_rows``), both in a fixed order of
       operations, so the per-layer path and the one-region step still agree bit for bit. One layer of SmolLM2's
       shape (9 query heads, 3 kv heads, d = 64) on one thread (2-vCPU Xeon, family 6 model 167): 21 cached
@@ -29,7 +29,7 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       loop of its own, which vectorizes, instead of ``np.exp`` in the loop that also summed: one layer as in v2,
       1001 slots 201 -> 141 us, 4001 928 -> 703 us (21: 4.9 -> 4.7); the int8 + head step, alternating in one
       process, 0.956x at 1001 cached tokens (9.52 -> 9.13 ms), 0.952x at 21 (within the noise there).
-  v4: the group's query heads together (``_attend_lanes``): the key and value rows in blocks of 16 KB that every
+  v4: the group's query heads together (``_piece_lanes``): the key and value rows in blocks of 16 KB that every
       head of the group reads while they are in L1, so that each row comes from memory once per group (it came
       once per head, from L2 while a group's cache fitted there and from memory beyond); the value sum's features
       in registers over a block (it loaded and stored o's slice per row), without a division per row and head;
@@ -138,8 +138,9 @@ def _rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
 @njit(inline="always")
 def piece_width(group, d):
     """float32 values of one piece's partial result: the group's unnormalized outputs (group·d), then each head's
-    maximum score and sum of weights."""
-    return group * d + 2 * group
+    maximum score and sum of weights, padded to whole 64-byte lines (pieces that two threads write side by side
+    share no line)."""
+    return -(-(group * d + 2 * group) // 16) * 16
 
 
 @njit(cache=True)
@@ -174,9 +175,9 @@ def _combine(parts, pieces, group, d, out):
     them, ``piece_width`` values each): with M the largest of the pieces' maxima, piece c's outputs weighted by
     exp(m_c − M) / Σ_c exp(m_c − M) · l_c (the rescaling of the online softmax: Milakov & Gimelshein 2018,
     eq. 4), summed over the pieces in order."""
-    width = group * d + 2 * group
+    width = piece_width(group, d)
     for i in range(group):
-        big = -np.inf
+        big = np.float32(-np.inf)
         for c in range(pieces):
             big = max(big, parts[c * width + group * d + i])
         total = np.float32(0.0)
@@ -201,7 +202,7 @@ def _piece_loop(q, keys, values, t0, t1, scale, s, part):
         si = s[i * n:(i + 1) * n]
         # scores s_t = scale · q·k_t and their maximum (the softmax is shifted by it, exactly as the oracle's)
         _dots_loop(q[i * d:(i + 1) * d], keys[t0:t1], n, si)
-        m = -np.inf
+        m = np.float32(-np.inf)  # (a float64 -inf would make the exp loop's arithmetic float64)
         for t in range(n):
             si[t] *= scale
             m = max(m, si[t])
@@ -251,7 +252,7 @@ def _piece_lanes(q, keys, values, t0, t1, scale, s, part):
     whole = n - n % LANES  # scores in whole vectors
     for i in range(group):
         base = i * n
-        m = -np.inf
+        m = np.float32(-np.inf)  # (a float64 -inf would make the exp loop's arithmetic float64)
         if whole:
             vm = fload(s, base)
             for t in range(LANES, whole, LANES):
@@ -314,8 +315,8 @@ def _dots_loop(q, keys, n, s):
 @njit(cache=True)
 def _weighted_rows(p, values, n, out):
     """out = Σ_{t < n} p[t] · values[t]: values (capacity, d), out (d,), summed over t in order. Each lane of a
-    vector is one output feature, so LLVM vectorizes it without reordering any sum (out[j] += ... on o's own slice
-    of the heads: an index into the whole o left it scalar, 7x slower at n = 1001)."""
+    vector is one output feature, so LLVM vectorizes it without reordering any sum (out[j] += ... on a head's own
+    slice: an index into the whole o left it scalar, 7x slower at n = 1001)."""
     for j in range(out.size):
         out[j] = 0.0
     for t in range(n):

@@ -5,15 +5,15 @@ Why: with the pool's threads asleep between regions (``kernels/_common/threads.p
 of tens of microseconds on a VM; a SmolLM2 token through per-layer kernels launched 121 regions, about a third of
 its time. Here the step is a fixed list of dependent steps (``plan``), each split into tasks — a run of a
 linear layer's outputs, a piece of one kv head's attention (or the combination of one kv head's pieces), or one
-serial task (an RMSNorm, the quantization of a linear's input) — and every thread of the region claims tasks, its own contiguous block of the
-step's tasks first, then what is left of the others' (``kernels/_common/atomics.py``: ``claim``), then waits for
-the step's last task before it moves on, asking meanwhile for its first rows of the next linear step. Claiming
-makes a late or preempted thread harmless: the threads that are running take its tasks; the waits spin only on this
-call's own threads, which sleep again when it returns.
+serial task (an RMSNorm, the quantization of a linear's input) — and every thread of the region claims tasks, its
+own contiguous block of the step's tasks first, then what is left of the others' (``kernels/_common/atomics.py``:
+``claim``), then waits for the step's last task before it moves on, asking meanwhile for its first rows of the next
+linear step. Claiming makes a late or preempted thread harmless: the threads that are running take its tasks; the
+waits spin only on this call's own threads, which sleep again when it returns.
 
 The pieces are the per-layer path's own code: ``_add_rms_norm``, ``_attend_piece`` with ``_combine`` and SwiGLU's
-arithmetic from ``_fused``, ``kernels.dense.gemv_rows`` and ``kernels.int8.rows`` (LLM.int8()'s split GEMV, bit-identical to
-``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
+arithmetic from ``_fused``, ``kernels.dense.gemv_rows`` and ``kernels.int8.rows`` (LLM.int8()'s split GEMV,
+bit-identical to ``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
 
 Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
   v1 (this file): tasks claimed from one counter per step, each task 64 rows: SmolLM2-135M's int8 step (int8 LM
@@ -321,8 +321,9 @@ def _quant_buffers(K):
 def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_workers, pieces):
     """The steps of one token for ``n_workers`` threads, with a kv head's slots in at most ``pieces`` pieces:
     (kinds, layers, tasks, rows per task, ahead) int64 arrays; ahead[s] is the first step after s that reads a
-    weight (-1 when none does). An attention step's tasks are the pieces, piece by piece across the kv heads (the
-    pieces past a layer's slots, at the end, are empty), so that a thread's home block holds its share of them."""
+    weight (-1 when none does). An attention step's tasks are the pieces, piece by piece across the kv heads; a
+    layer with fewer slots than the longest leaves its last tasks empty, and the threads that run out of real ones
+    take the others' (``claim``)."""
     steps = []
     for layer in range(n_layers):
         steps += [(NORM_ATTN, layer), (QKV, layer), (ATTEND, layer)]
@@ -500,7 +501,7 @@ class LlamaDecodeStep:
                 raise ValueError(f"{name} must be a float32 array ({half},); got {np.shape(a)}")
         slots = self._check_caches(keys, values, slots)
         n_workers = numba.get_num_threads()
-        pieces, parts = self._pieces(keys.shape[2])
+        pieces, parts = self._pieces(int(slots.max()) // PIECE_SLOTS + 1)  # as many as the longest layer needs
         key = (bool(logits), n_workers, pieces)
         if key not in self._plans:
             self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
@@ -517,10 +518,9 @@ class LlamaDecodeStep:
                              f"float32's range)")
         return result
 
-    def _pieces(self, capacity):
-        """(pieces, parts): the most pieces of ``PIECE_SLOTS`` slots a kv head's attention takes in a cache of
-        ``capacity`` slots, and the buffer of their partial results (made once per count)."""
-        pieces = -(-capacity // PIECE_SLOTS)
+    def _pieces(self, pieces):
+        """(pieces, parts): the buffer of the partial results of ``pieces`` pieces per kv head (made once per
+        count)."""
         if pieces not in self._parts:
             group = self.n_heads // self.n_kv_heads
             self._parts[pieces] = _lines((self.n_kv_heads * pieces * piece_width(group, self.head_dim),), np.float32)
@@ -564,7 +564,7 @@ class LlamaDecodeStep:
         angles = rng.uniform(0.0, 2 * np.pi, self.head_dim // 2)
         rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
         n_workers = numba.get_num_threads()
-        pieces, parts = self._pieces(int(context) + 1)
+        pieces, parts = self._pieces(int(context) // PIECE_SLOTS + 1)
         kinds, layers, tasks, rows, ahead = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
                                                   self.int8_head, True, n_workers, pieces)
         rows = np.where(np.isin(kinds, LINEAR_STEPS), 0, rows)  # a linear task of no rows: n0 = n1 = 0

@@ -84,7 +84,9 @@ def test_the_pieces_of_a_group_attention_combine_to_the_oracle(rng, group, d, n,
     width = _fused.piece_width(group, d)
     parts = np.full(len(bounds) * width, 7.0, np.float32)
     for c, (t0, t1) in enumerate(zip(bounds[:-1], bounds[1:])):
-        piece(q, keys, values, t0, t1, scale, np.empty(group * (t1 - t0), np.float32), parts[c * width:])
+        scratch = np.full(group * (t1 - t0) + 5, 7.0, np.float32)
+        piece(q, keys, values, t0, t1, scale, scratch[:-5], parts[c * width:])
+        assert np.all(scratch[-5:] == 7.0)  # its scores stay within their scratch
     assert np.all(parts[(len(bounds) - 1) * width:] == 7.0)  # nothing past the pieces' results is written
     out = np.full(group * d + 3, 7.0, np.float32)
     _fused._combine(parts, len(bounds) - 1, group, d, out[:group * d])

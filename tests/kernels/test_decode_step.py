@@ -71,7 +71,8 @@ SHAPES = [(2, 3, 1, 8, 70, 130), (1, 2, 2, 2, 5, 1), (3, 4, 2, 16, 64, 200), (2,
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-hq{}-hkv{}-d{}-I{}-V{}".format(*s))
 @pytest.mark.parametrize("mode", ["fp32", "int8", "int8-head", "fp32-int8-head"])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("capacity", [9, 1200])  # a kv head's slots in one piece; in up to three (PIECE_SLOTS)
+# a kv head's slots in one piece; in two, a whole multiple of PIECE_SLOTS; in up to three
+@pytest.mark.parametrize("capacity", [9, 2 * PIECE_SLOTS, 1200])
 def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads, capacity):
     L, hq, hkv, d, inter, vocab = shape
     int8, int8_head = mode in ("int8", "int8-head"), mode.endswith("int8-head")  # int8 blocks: bit for bit
@@ -82,8 +83,9 @@ def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads
     values = rng.standard_normal((L, hkv, capacity, d)).astype(np.float32)
     slots = rng.integers(0, capacity, L)  # layers at different lengths, as after a per-layer compression
     slots[0] = 0  # the first token of a layer attends to itself only
-    if L > 1 and capacity > PIECE_SLOTS:
-        slots[1] = PIECE_SLOTS  # the new token alone in its piece
+    if L > 1 and capacity > PIECE_SLOTS:  # the new token alone in its piece; the last slot of a piece, of the cache
+        slots[1] = PIECE_SLOTS if capacity % PIECE_SLOTS else PIECE_SLOTS - 1
+        slots[-1] = capacity - 1
     x = (3 * rng.standard_normal(hq * d)).astype(np.float32)
     angles = rng.uniform(0, 2 * np.pi, d // 2)
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
