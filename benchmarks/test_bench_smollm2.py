@@ -4,7 +4,10 @@ run: ``simulator.calibrate.read_bandwidth``) set, and as ratios to fp32 measured
 
 Targets of issue 17: int8 prefill faster than fp32; fp32 decode >= 0.9 of its bound; int8 with the int8 LM head
 >= 2.5x fp32's decode tokens/s. Beside the bound, ``of_weights_read``: the weight bytes per token at the decode
-rate over a plain read of the step's own weight arrays, measured in turn with the decode runs.
+rate over a plain read of the step's own weight arrays, measured in turn with the decode runs. After a long prompt
+(int8 with the int8 LM head), each token also reads the whole KV cache: its bound counts those bytes too, and
+``fixed_ms`` is the step without its weight rows at that context (``LlamaDecodeStep.fixed_seconds``: the attention
+over the cache, the norms, the hand-offs).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ pytest.importorskip("gguf", reason="the model extra is not installed: pip instal
 
 from kernels.cpuinfo import cpu_model  # noqa: E402
 from kernels.int8 import _api as int8_api  # noqa: E402
+from models.configs import kv_cache_bytes  # noqa: E402
 from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
 from simulator.calibrate import read_bandwidth, read_once  # noqa: E402
 
@@ -90,3 +94,29 @@ def test_decode_tokens_per_second(benchmark, read_gbps, record, linear, quantize
         row.update({"prefill_vs_fp32": f"{prefill_tokens_per_s / FP32['prefill']:.2f}x",
                     "decode_vs_fp32": f"{tokens_per_s / FP32['decode']:.2f}x"})
     record(row)
+
+
+@pytest.mark.parametrize("prompt_tokens", [1024, 4096])
+def test_decode_tokens_per_second_after_a_long_prompt(benchmark, read_gbps, record, prompt_tokens):
+    model = SmolLM2(linear="int8", quantize_lm_head=True)
+    ids = model.encode(evaluation_text())[:prompt_tokens]
+    assert len(ids) == prompt_tokens, f"the evaluation text holds {len(ids)} tokens"
+    model.generate(ids, 2)  # compile, warm
+
+    def decode():
+        timings = {}
+        out = model.generate(ids, DECODE_TOKENS // 2, timings=timings)
+        return len(out) / timings["decode_s"]
+
+    rates = benchmark.pedantic(decode, rounds=1, warmup_rounds=0), decode(), decode()
+    tokens_per_s = float(np.median(rates))
+    context = prompt_tokens + DECODE_TOKENS // 4  # the mean cache length over the decoded tokens
+    kv_bytes = kv_cache_bytes(model.config, context, elem_bytes=4)  # float32 K and V of every layer, read per token
+    bytes_per_token = model.weight_bytes_per_token() + kv_bytes
+    bound = read_gbps * 1e9 / bytes_per_token
+    record({"bench": "smollm2-long", "linear": "int8 + int8 LM head", "prompt_tokens": prompt_tokens,
+            "decode_tokens/s": f"{tokens_per_s:.1f}", "weight_MB/token": f"{model.weight_bytes_per_token() / 1e6:.0f}",
+            "kv_MB/token": f"{kv_bytes / 1e6:.0f}", "bound_tokens/s": f"{bound:.1f}",
+            "of_bound": f"{tokens_per_s / bound:.2f}", "read_GB/s": f"{read_gbps:.1f}",
+            "fixed_ms": f"{model._one_region_step().fixed_seconds(context) * 1e3:.2f}",
+            "cpu": f"{cpu_model()} x{os.cpu_count()}"})
