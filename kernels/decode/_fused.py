@@ -19,10 +19,9 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       (3.0x fp32).
   v2: the attention's scores on explicit 16-lane vectors where the target has AVX-512F (``_dots_lanes``, part of
       ``_piece_lanes`` since v4), and its weighted sum of the values on vectors over the features
-      (``_weighted_rows``), both in a fixed order of
-      operations, so the per-layer path and the one-region step still agree bit for bit. One layer of SmolLM2's
-      shape (9 query heads, 3 kv heads, d = 64) on one thread (2-vCPU Xeon, family 6 model 167): 21 cached
-      slots 13.0 -> 4.8 us, 201 106 -> 34, 1001 536 -> 166, 4001 2212 -> 776. The int8 + int8 head step with
+      (``_weighted_rows``), both in a fixed order of operations, so the per-layer path and the one-region step
+      still agree bit for bit. One layer of SmolLM2's shape (9 query heads, 3 kv heads, d = 64) on one thread
+      (2-vCPU Xeon, family 6 model 167): 21 cached slots 13.0 -> 4.8 us, 201 106 -> 34, 1001 536 -> 166, 4001 2212 -> 776. The int8 + int8 head step with
       this and the int8 rows' epilogue of that session, alternating with both before in one process (10 rounds
       of 10 calls): 0.90x its time at 21 cached tokens, 0.52x at 1001 (22.9 -> 12.0 ms).
   v3: the softmax's exp on ``kernels._common.numba_cpu.exp_f32`` (exp_row's polynomial, one value at a time) in a
@@ -56,6 +55,7 @@ import numpy as np
 from numba import njit
 
 from .._common.numba_cpu import exp_f32
+from .._common.prefetch import CACHE_LINE_BYTES
 from .._common.zmm import (AVAILABLE as USE_LANES, LANES, fadd, ffma, fload, fload_first, fmax, fmax_lanes, fsplat,
                            fstore, fstore_first, fsum_halves, fzero)
 
@@ -140,7 +140,8 @@ def piece_width(group, d):
     """float32 values of one piece's partial result: the group's unnormalized outputs (group·d), then each head's
     maximum score and sum of weights, padded to whole 64-byte lines (pieces that two threads write side by side
     share no line)."""
-    return -(-(group * d + 2 * group) // 16) * 16
+    line = CACHE_LINE_BYTES // 4  # float32 values per line
+    return -(-(group * d + 2 * group) // line) * line
 
 
 @njit(cache=True)
