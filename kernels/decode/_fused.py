@@ -21,9 +21,10 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       ``_piece_lanes`` since v4), and its weighted sum of the values on vectors over the features
       (``_weighted_rows``), both in a fixed order of operations, so the per-layer path and the one-region step
       still agree bit for bit. One layer of SmolLM2's shape (9 query heads, 3 kv heads, d = 64) on one thread
-      (2-vCPU Xeon, family 6 model 167): 21 cached slots 13.0 -> 4.8 us, 201 106 -> 34, 1001 536 -> 166, 4001 2212 -> 776. The int8 + int8 head step with
-      this and the int8 rows' epilogue of that session, alternating with both before in one process (10 rounds
-      of 10 calls): 0.90x its time at 21 cached tokens, 0.52x at 1001 (22.9 -> 12.0 ms).
+      (2-vCPU Xeon, family 6 model 167): 21 cached slots 13.0 -> 4.8 us, 201 106 -> 34, 1001 536 -> 166, 4001 2212 ->
+      776. The int8 + int8 head step with this and the int8 rows' epilogue of that session, alternating with both
+      before in one process (10 rounds of 10 calls): 0.90x its time at 21 cached tokens, 0.52x at 1001 (22.9 -> 12.0
+      ms).
   v3: the softmax's exp on ``kernels._common.numba_cpu.exp_f32`` (exp_row's polynomial, one value at a time) in a
       loop of its own, which vectorizes, instead of ``np.exp`` in the loop that also summed: one layer as in v2,
       1001 slots 201 -> 141 us, 4001 928 -> 703 us (21: 4.9 -> 4.7); the int8 + head step, alternating in one
