@@ -356,9 +356,10 @@ def _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, 
         int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0])
 
 
-def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *, outliers: bool = True) -> dict:
-    """Weight bytes/s of the decode step's row kernels from DRAM: ``kernels.dense.gemv_rows`` over a (N, STEP_K)
-    float32 view of a quarter of the mapped ``buffer``, and ``kernels.int8.rows.int8_rows`` (the path
+def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *, outliers: bool = True,
+                      k: int = STEP_K) -> dict:
+    """Weight bytes/s of the decode step's row kernels from DRAM: ``kernels.dense.gemv_rows`` over an (N, K)
+    float32 view of a quarter of the mapped ``buffer`` (K = ``k``), and ``kernels.int8.rows.int8_rows`` (the path
     ``Int8Linear`` takes, no outlier feature) over the same bytes as int8, each split into one contiguous run of
     rows per thread in one parallel region; the region's launch is included, as the step pays one too. And
     ``step_outlier_s``, a thread's seconds per output and outlier feature in ``int8_rows``: the same rows with
@@ -371,8 +372,10 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     on the 2-vCPU Xeon the int8 rows streamed 64-160 MiB read again and again at 42-54 GB/s, 256 MiB at 31-32 and
     512 MiB at 28-29, and SmolLM2's int8 + int8 head step (134 MB per token) took 4.2 ms against the 5.6 that a
     quarter of the buffer's rate predicted. A working set larger than ``buffer`` gets a mapped buffer of its own.
-    ``outliers=False`` leaves ``step_outlier_s`` out (it does not depend on the working set)."""
-    K = STEP_K
+    ``outliers=False`` leaves ``step_outlier_s`` out (it does not depend on the working set). ``k``: the weights'
+    input features (a row's length), STEP_K unless given: the rate can depend on it (``simulator.report.model.
+    step_rates`` measures each row length of a model's linears)."""
+    K = int(k)
     if working_bytes is None:
         size = buffer.size // 4
     else:
@@ -454,13 +457,14 @@ def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) ->
     of half the mapped ``buffer`` called in turn: 16 MiB on all threads, 4 MiB on the calling thread, the sizes
     each runs at: ``kernels._common.threads``) and from the cache (W of a quarter of the effective LLC, called
     again and again); and ``int8_outlier_s``, a thread's seconds per output and outlier feature (the float16 path
-    of each output: its dequantized outlier weights, rounded). The public call, less its fixed cost (``call_s``,
+    of each output: its dequantized outlier weights, rounded), from the public call on the calling thread over a
+    weight of half its L2, with OUTLIER_FEATURES outliers against none, the best of many calls each: the difference
+    of two DRAM-bound passes, which it once was, lies within DRAM's noise and came out negative on a 2-vCPU Xeon
+    with a 105 MiB L3. The public call, less its fixed cost (``call_s``,
     the whole call on a tiny vector) and, on all threads, the region's launch (``launch_s``), both of which the
     model adds once per call: the kernel's dot products, scales and outlier scan make it stream slower than a read
     of the same bytes, and each call restarts the prefetchers on a new stream (2-vCPU Xeon, one thread: 4 MiB
     weights in turn 12.8 GB/s, one 480 MiB weight 15.4)."""
-    import numba
-
     from kernels.int8 import Int8Linear, Int8Weight
 
     K = 4096
@@ -481,11 +485,18 @@ def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) ->
 
     def dram(view_bytes, fixed_s):
         views = _dram_views(buffer, np.int8, view_bytes, K)
-        in_turn, nbytes = layers(views), sum(w.nbytes for w in views)
-        rate = nbytes / seconds_in_turn(in_turn, x, fixed_s)
-        extra = seconds_in_turn(in_turn, x_outliers, fixed_s) - nbytes / rate
-        outputs = sum(w.shape[0] for w in views)
-        return rate, max(0.0, extra) * numba.get_num_threads() / (outputs * OUTLIER_FEATURES)
+        in_turn = layers(views)
+        return sum(w.nbytes for w in views) / seconds_in_turn(in_turn, x, fixed_s)
+
+    def outlier_seconds():
+        resident = np.ones((max(1, cache_sizes().get("L2", 2**20) // 2 // K), K), dtype=np.int8)  # (N, K)
+        layer = layers([resident])[0]
+        layer(x), layer(x_outliers)  # warm: compiled, resident
+        differences = sorted(_best(lambda: layer(x_outliers), repeats=10, warmup=0)
+                             - _best(lambda: layer(x), repeats=10, warmup=0) for _ in range(7))  # in turn: no drift
+        products = resident.shape[0] * OUTLIER_FEATURES
+        # the median difference (a floor of a picosecond where the noise hides it: a rate file holds no zero)
+        return max(differences[len(differences) // 2], 1e-12 * products) / products
 
     w_llc = np.ones((max(1, int(llc_bytes) // 4 // K), K), dtype=np.int8)  # (N, K)
 
@@ -495,11 +506,12 @@ def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) ->
         return w_llc.nbytes / max(t - fixed_s, 0.5 * t)
 
     rates = {}
-    rates["int8_gemv_dram"], rates["int8_outlier_s"] = dram(16 * 2**20, launch_s + call_s)
+    rates["int8_gemv_dram"] = dram(16 * 2**20, launch_s + call_s)
     rates["int8_gemv_llc"] = cache_rate(launch_s + call_s)
     with one_thread():
         rates["int8_gemv_one_llc"] = cache_rate(call_s)
-        rates["int8_gemv_one_dram"] = dram(4 * 2**20, call_s)[0]
+        rates["int8_gemv_one_dram"] = dram(4 * 2**20, call_s)
+        rates["int8_outlier_s"] = outlier_seconds()
     return rates
 
 
