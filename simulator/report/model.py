@@ -138,19 +138,44 @@ def decode_token_parts(model, rates, context) -> dict:
 PROMPT, DECODE_TOKENS = "Once upon a time", 24  # what the decode rows generate
 
 
-def rates_for(model, rates, buffer):
-    """``rates`` with the decode step's streaming rates measured over a working set of the model's weight bytes per
-    token (``calibrate_phases.decode_step_rates``' ``working_bytes``, on the mapped ``buffer``): the bytes a token
-    reads again and again, which a host's cache may partly hold."""
-    import dataclasses
-
+def step_rates(model, buffer, *, outliers=False) -> dict:
+    """The decode step's streaming rates for ``model``: ``step_fp32_dram`` and ``step_int8_dram``, each over the
+    weight bytes that stream in that precision, measured on the mapped ``buffer`` over a working set of the model's
+    weight bytes per token (``calibrate_phases.decode_step_rates``' ``working_bytes``: the bytes a token reads
+    again and again, which a host's cache may partly hold) at each row length K of its linears, and combined as
+    bytes over Σ bytes_K / rate_K. A row's length can set its rate (a 2-vCPU Xeon with a 105 MiB L3, 540 MB on two
+    threads: float32 rows of 576, 1024 and 1536 at 21-25, 35 and 27-28 GB/s before ``kernels.dense`` v4, 21, 20-22
+    and 21-23 after it in a slower phase, in which int8 rows streamed at 18, 15-16 and 17), and SmolLM2's rows are
+    576 long but for the down projection's 1536. ``outliers``: add ``step_outlier_s`` (at the hidden size)."""
     import numba
 
     from ..calibrate_phases import decode_step_rates
 
-    measured = decode_step_rates(buffer, numba.get_num_threads(), working_bytes=model.weight_bytes_per_token(),
-                                 outliers=False)
-    return dataclasses.replace(rates, **measured)
+    cfg = model.config
+    int8_blocks = model.linear != "fp32"
+    int8_head = int8_blocks and model.quantize_lm_head
+    elements = {}  # (K, int8) -> weight elements in rows of K
+    for k, n_out in cfg.linear_shapes():
+        elements[k, int8_blocks] = elements.get((k, int8_blocks), 0) + cfg.n_layers * k * n_out
+    vocab, hidden = model.embedding.shape
+    elements[hidden, int8_head] = elements.get((hidden, int8_head), 0) + vocab * hidden
+    working = model.weight_bytes_per_token()
+    by_k = {k: decode_step_rates(buffer, numba.get_num_threads(), working_bytes=working,
+                                 outliers=outliers and k == hidden, k=k)
+            for k in sorted({k for k, _ in elements})}
+    rates = {"step_outlier_s": by_k[hidden]["step_outlier_s"]} if outliers else {}
+    for int8, name, size in ((False, "step_fp32_dram", 4), (True, "step_int8_dram", 1)):
+        nbytes = {k: n * size for (k, is_int8), n in elements.items() if is_int8 == int8}
+        rates[name] = (sum(nbytes.values()) / sum(b / by_k[k][name] for k, b in nbytes.items()) if nbytes
+                       else by_k[hidden][name])  # no weight in that precision: the rate at the hidden size
+    return rates
+
+
+def rates_for(model, rates, buffer):
+    """``rates`` with the decode step's streaming rates measured for ``model`` (``step_rates``)."""
+    import dataclasses
+
+    return dataclasses.replace(rates, **step_rates(model, buffer))
 
 
 def _decode_speed(model, label, rates, buffer):

@@ -16,19 +16,17 @@ pytest.importorskip("tokenizers", reason="the model extra (gguf, tokenizers) is 
 from kernels._common.numba_cpu import target_features  # noqa: E402
 from models.smollm2 import SmolLM2  # noqa: E402
 from simulator.calibrate import dram_test_bytes, filled  # noqa: E402
-from simulator.calibrate_phases import decode_step_rates  # noqa: E402
-from simulator.report.model import DECODE_TOKENS, PROMPT, decode_token_parts, predicted_seconds_per_token  # noqa
+from simulator.report.model import (DECODE_TOKENS, PROMPT, decode_token_parts,  # noqa: E402
+                                    predicted_seconds_per_token, step_rates)
 
 TOLERANCE = 0.25  # issue 16: predicted within 25% of measured on the CPU
 
 
-def _rates(working_bytes):
-    """The step's calibrated rates, streamed over a working set of ``working_bytes`` (the model's weight bytes per
-    token, as the report predicts them: ``simulator.report.model.rates_for``)."""
-    import numba
-
+def _rates(model):
+    """The step's calibrated rates for ``model``, as the report predicts with them
+    (``simulator.report.model.step_rates``), and the outliers' rate."""
     buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
-    return SimpleNamespace(**decode_step_rates(buffer, numba.get_num_threads(), working_bytes=working_bytes))
+    return SimpleNamespace(**step_rates(model, buffer, outliers=True))
 
 
 def _seconds_per_token(model):
@@ -53,7 +51,7 @@ def test_the_predicted_decode_token_is_within_a_quarter_of_the_measured(gguf_pat
     model.generate(model.encode(PROMPT), 2)  # compile, warm, build the step
     for attempt in range(3):  # this shared machine's bandwidth drifts between a calibration and a measurement
         measured, context = _seconds_per_token(model)
-        parts = decode_token_parts(model, _rates(model.weight_bytes_per_token()), context)
+        parts = decode_token_parts(model, _rates(model), context)
         predicted = sum(parts.values())
         if abs(predicted / measured - 1) <= TOLERANCE:
             break
