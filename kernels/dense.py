@@ -17,6 +17,15 @@ Versions of the GEMV's row kernel (``gemv_rows``; 2-vCPU Intel Xeon, family 6 mo
       30.2-30.8 GB/s, zmm 32.5-32.7, read 34.1-35.3 (two runs); K = 1536 loop 29.8, zmm 30.8, read 28.3 (a slow
       phase of this VM's memory; best runs 33.6, 34.8, 33.8). SmolLM2 fp32 ``generate`` of 64 tokens,
       alternating fresh processes with v2: 46.6-52.3 -> 50.1-54.6 tokens/s over six pairs.
+  v4: the four rows taken one from each quarter of the range, so that each of the four streams runs through
+      consecutive rows instead of the four sharing a few pages (the likely cause: the L2 streamer keeps one
+      forward and one backward stream per 4 KiB page, Intel 64 and IA-32 Architectures Optimization Reference
+      Manual, "Data Prefetching"). A 2-vCPU Xeon with a 105 MiB L3 (family 6 model 167), 540 MB of (N, K) weights
+      on two threads, the paths in turn, 5 rounds, medians: K = 576 21.6 -> 25.7 GB/s and 20.2 -> 23.3, K = 1536
+      25.4 -> 27.3 and 23.0 -> 26.1, K = 1024 29.6 -> 25.8 and 27.8 -> 27.8 (a 4 KiB row is a page of its own
+      either way). SmolLM2 fp32 ``generate`` of 48 tokens, best of three, alternating fresh processes with v3:
+      35.5, 33.3, 36.7, 38.8 -> 39.1, 40.7, 41.5, 39.8 tokens/s over four pairs (read 18-22 GB/s). The outputs are
+      bit for bit v3's: each row's sum runs in the same order.
 """
 from __future__ import annotations
 
@@ -31,7 +40,8 @@ from ._common.threads import serial_if_small
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
 BLOCK_N = 64  # output features per task
-ROWS_AT_ONCE = 4  # weight rows a GEMV step reads together: four streams, each load of x serves four rows
+ROWS_AT_ONCE = 4  # weight rows a GEMV step reads together, one per quarter of its range: four sequential
+# streams, each load of x serves four rows
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -88,21 +98,21 @@ def matmul_nt(x, w):
 
 @njit(fastmath=True, cache=True)
 def _rows_loop(x, w, y, n0, n1):
-    """y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1): four rows at a time (four streams of weights, each load of x
-    used four times); fastmath lets the sums vectorize. The portable path of ``gemv_rows``."""
+    """y[n] = Σ_k x[k] · w[n, k] for n in [n0, n1): four rows at a time, one from each quarter of the range (four
+    streams of weights, each a sequential run through its quarter; each load of x used four times); fastmath lets
+    the sums vectorize. The portable path of ``gemv_rows``."""
     K = x.size
-    n = n0
-    while n + ROWS_AT_ONCE <= n1:
+    q = (n1 - n0) // ROWS_AT_ONCE  # rows per quarter
+    for n in range(n0, n0 + q):
         a0 = a1 = a2 = a3 = np.float32(0.0)
         for k in range(K):
             xk = x[k]
             a0 += xk * w[n, k]
-            a1 += xk * w[n + 1, k]
-            a2 += xk * w[n + 2, k]
-            a3 += xk * w[n + 3, k]
-        y[n], y[n + 1], y[n + 2], y[n + 3] = a0, a1, a2, a3
-        n += ROWS_AT_ONCE
-    for m in range(n, n1):
+            a1 += xk * w[n + q, k]
+            a2 += xk * w[n + 2 * q, k]
+            a3 += xk * w[n + 3 * q, k]
+        y[n], y[n + q], y[n + 2 * q], y[n + 3 * q] = a0, a1, a2, a3
+    for m in range(n0 + ROWS_AT_ONCE * q, n1):
         acc = np.float32(0.0)
         for k in range(K):
             acc += x[k] * w[m, k]
@@ -125,32 +135,32 @@ def _dot_zmm(x, flat, p, K):
 @njit(fastmath=FASTMATH, cache=True)
 def _rows_zmm(x, w, y, n0, n1):
     """``_rows_loop`` on explicit 512-bit vectors (``kernels._common.zmm``): per 16 floats of x, one load of x and
-    four fused multiply-adds with four rows' vectors into four partial sums; a row's last K mod 16 floats by a
-    masked load, which reads nothing past them. AVX-512F targets only."""
+    four fused multiply-adds with the vectors of four rows, one from each quarter of the range, into four partial
+    sums; a row's last K mod 16 floats by a masked load, which reads nothing past them. AVX-512F targets only."""
     K = x.size
     flat = w.reshape(-1)  # one view (each view counts a reference: see kernels/decode/_step.py, v4)
-    n = n0
-    while n + ROWS_AT_ONCE <= n1:
+    q = (n1 - n0) // ROWS_AT_ONCE  # rows per quarter
+    for n in range(n0, n0 + q):
         a0, a1, a2, a3 = fzero(), fzero(), fzero(), fzero()
-        p = n * K
+        p0 = n * K
+        p1, p2, p3 = p0 + q * K, p0 + 2 * q * K, p0 + 3 * q * K
         k = 0
         while k + LANES <= K:
             xv = fload(x, k)
-            a0 = ffma(xv, fload(flat, p + k), a0)
-            a1 = ffma(xv, fload(flat, p + K + k), a1)
-            a2 = ffma(xv, fload(flat, p + 2 * K + k), a2)
-            a3 = ffma(xv, fload(flat, p + 3 * K + k), a3)
+            a0 = ffma(xv, fload(flat, p0 + k), a0)
+            a1 = ffma(xv, fload(flat, p1 + k), a1)
+            a2 = ffma(xv, fload(flat, p2 + k), a2)
+            a3 = ffma(xv, fload(flat, p3 + k), a3)
             k += LANES
         if k < K:
             tail = K - k
             xv = fload_first(x, k, tail)
-            a0 = ffma(xv, fload_first(flat, p + k, tail), a0)
-            a1 = ffma(xv, fload_first(flat, p + K + k, tail), a1)
-            a2 = ffma(xv, fload_first(flat, p + 2 * K + k, tail), a2)
-            a3 = ffma(xv, fload_first(flat, p + 3 * K + k, tail), a3)
-        y[n], y[n + 1], y[n + 2], y[n + 3] = fsum(a0), fsum(a1), fsum(a2), fsum(a3)
-        n += ROWS_AT_ONCE
-    for m in range(n, n1):
+            a0 = ffma(xv, fload_first(flat, p0 + k, tail), a0)
+            a1 = ffma(xv, fload_first(flat, p1 + k, tail), a1)
+            a2 = ffma(xv, fload_first(flat, p2 + k, tail), a2)
+            a3 = ffma(xv, fload_first(flat, p3 + k, tail), a3)
+        y[n], y[n + q], y[n + 2 * q], y[n + 3 * q] = fsum(a0), fsum(a1), fsum(a2), fsum(a3)
+    for m in range(n0 + ROWS_AT_ONCE * q, n1):
         y[m] = _dot_zmm(x, flat, m * K, K)
 
 
