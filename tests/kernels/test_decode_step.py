@@ -252,8 +252,9 @@ def test_a_result_with_one_value_that_is_not_finite_is_refused(rng, threads, int
             step(np.full(8, np.inf, np.float32), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False)
 
 
+@pytest.mark.parametrize("span", [7, 37])  # a quarter of one row and three alone; quarters of 9 and one alone
 @pytest.mark.parametrize("n, k", [(1, 1), (5, 63), (70, 64), (130, 200)])
-def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k):
+def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k, span):
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = (2 * rng.standard_normal((1, k))).astype(np.float32)
     layer = Int8Linear.from_float(w, threshold=2.5)
@@ -262,14 +263,14 @@ def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k):
     J = prepare(x, np.float32(2.5), flags, cols, x_o, x_u8, absmax_x)
     y = np.full(n, np.nan, np.float32)
     _rows(path_marker(), x_u8, J, cols, x_o, absmax_x, layer.weight.w_i8, layer.weight.absmax,
-          layer.weight.w_row_sums, y, n)
+          layer.weight.w_row_sums, y, n, span)
     assert np.array_equal(y, layer(x)[0])
 
 
 @njit
-def _rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n):
-    for n0 in range(0, n, 7):  # in ranges of 7 outputs (4 at once, then 3 alone), the last one short
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + 7))
+def _rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n, span):
+    for n0 in range(0, n, span):  # in ranges of ``span`` outputs, the last one short
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + span))
 
 
 @njit(parallel=True)
