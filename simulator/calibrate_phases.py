@@ -411,10 +411,14 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
         return _best(lambda: _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, resident, absmax_w, row_sums, y8,
                                               times), repeats=5, warmup=1)
 
-    products = times * resident.shape[0] * J
-    # (a floor of a picosecond where the noise hides the difference: a rate file holds no zero)
-    rates["step_outlier_s"] = max(again(J) - again(0), 1e-12 * products) / products
+    rates["step_outlier_s"] = _per_product(again(J) - again(0), times * resident.shape[0] * J)
     return rates
+
+
+def _per_product(difference_s, products):
+    """Seconds per product from a difference of two timings that differ by ``products`` products, with a floor of
+    a picosecond each where the noise hides the difference (a rate file holds no zero or negative time)."""
+    return max(difference_s, 1e-12 * products) / products
 
 
 def _in_turn_seconds(calls, passes=3):
@@ -494,9 +498,7 @@ def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) ->
         layer(x), layer(x_outliers)  # warm: compiled, resident
         differences = sorted(_best(lambda: layer(x_outliers), repeats=10, warmup=0)
                              - _best(lambda: layer(x), repeats=10, warmup=0) for _ in range(7))  # in turn: no drift
-        products = resident.shape[0] * OUTLIER_FEATURES
-        # the median difference (a floor of a picosecond where the noise hides it: a rate file holds no zero)
-        return max(differences[len(differences) // 2], 1e-12 * products) / products
+        return _per_product(differences[len(differences) // 2], resident.shape[0] * OUTLIER_FEATURES)  # the median
 
     w_llc = np.ones((max(1, int(llc_bytes) // 4 // K), K), dtype=np.int8)  # (N, K)
 

@@ -145,8 +145,9 @@ def step_rates(model, buffer, *, outliers=False) -> dict:
     again and again, which a host's cache may partly hold) at each row length K of its linears, and combined as
     bytes over Σ bytes_K / rate_K. A row's length can set its rate (a 2-vCPU Xeon with a 105 MiB L3, 540 MB on two
     threads: float32 rows of 576, 1024 and 1536 at 21-25, 35 and 27-28 GB/s before ``kernels.dense`` v4, 21, 20-22
-    and 21-23 after it in a slower phase, in which int8 rows streamed at 18, 15-16 and 17), and SmolLM2's rows are
-    576 long but for the down projection's 1536. ``outliers``: add ``step_outlier_s`` (at the hidden size)."""
+    and 21-23 after it in a slower phase, in which int8 rows, before their own change of the same kind, streamed at
+    18, 15-16 and 17), and SmolLM2's rows are 576 long but for the down projection's 1536. ``outliers``: add
+    ``step_outlier_s`` (at the hidden size)."""
     import numba
 
     from ..calibrate_phases import decode_step_rates
