@@ -47,10 +47,16 @@ def _triad_sweeps(a, b, c, s, sweeps, n_chunks):
     factor changes per sweep, so no sweep repeats another's work."""
     chunk = (a.size + n_chunks - 1) // n_chunks
     for t in prange(n_chunks):
+        # the chunk's own views: indexed from 0 to their size, the loop vectorizes. Indexed from t·chunk into the
+        # whole arrays it stayed scalar on a 2-vCPU AMD EPYC (Zen 4): 31-34 against 200-255 GB/s over 64 KiB to
+        # 1 MiB arrays, below that machine's DRAM triad (52 GB/s)
+        lo = t * chunk
+        hi = min(a.size, lo + chunk)
+        a_t, b_t, c_t = a[lo:hi], b[lo:hi], c[lo:hi]
         for sweep in range(sweeps):
             f = s + sweep
-            for i in range(t * chunk, min(a.size, (t + 1) * chunk)):
-                a[i] = b[i] + f * c[i]
+            for i in range(a_t.size):
+                a_t[i] = b_t[i] + f * c_t[i]
 
 
 @njit(parallel=True, fastmath=True, cache=True)
