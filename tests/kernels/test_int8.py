@@ -112,6 +112,30 @@ def test_the_path_follows_numbas_target_cpu(env, expected):
     assert run.stdout.split() == [str(expected)] * 2
 
 
+# K below, at and across the 64-byte vector; N below the four rows of a step, not a multiple of four, a quarter's
+# prefetch past the range's end
+@pytest.mark.parametrize("k, n, n_out", [(1, 1, 0), (63, 3, 2), (64, 4, 0), (130, 5, 1), (577, 37, 3),
+                                         (2048, 130, 5)])
+def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out):
+    # Int8Linear on one vector runs kernels.int8.rows.gemv on the calling thread and split_gemv on the pool: the
+    # same bits, and the same outlier features
+    from kernels.int8 import _api, _numba_cpu, _vnni, rows
+
+    x, w, _ = planted_int8(rng, 1, k, n, n_out)
+    weight = Int8Linear.from_float(w).weight
+    y_rows, y_blocks = np.empty(n, np.float32), np.empty((1, n), np.float32)
+    flags_rows, flags_blocks = np.empty(k, np.bool_), np.empty(k, np.bool_)
+    threshold = np.float32(6.0)
+    rows.gemv(rows.path_marker(_api.USE_VNNI), x, threshold, weight.w_i8, weight.absmax, weight.w_row_sums, y_rows,
+              flags_rows, 1)
+    if _api.USE_VNNI:
+        _vnni.split_gemv(x, threshold, weight.w_i8, weight.absmax, weight.w_row_sums, y_blocks, flags_blocks)
+    else:
+        _numba_cpu.split_gemv(x, threshold, weight.w_i8, weight.absmax, y_blocks, flags_blocks)
+    assert np.array_equal(y_rows, y_blocks[0]) and np.array_equal(flags_rows, flags_blocks)
+    assert np.flatnonzero(flags_rows).size == n_out
+
+
 CASES = [(1, 64, 32, 0), (1, 4096, 96, 3), (17, 300, 130, 1), (64, 257, 64, 7), (5, 40, 33, 40)]
 
 

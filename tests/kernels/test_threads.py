@@ -89,16 +89,17 @@ def test_quantize_vectorwise_runs_small_inputs_on_one_thread(rng, monkeypatch, t
 
 def test_an_int8_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
     module = int8_api._vnni if int8_api.USE_VNNI else int8_api._numba_cpu
-    seen = _threads_inside(monkeypatch, module, "split_gemv")
+    seen = _threads_inside(monkeypatch, int8_api.rows, "gemv")  # one vector on the calling thread: the row kernel
+    seen_pool = _threads_inside(monkeypatch, module, "split_gemv")  # on the pool: the blocked kernel
     small = int8.Int8Linear.from_float(rng.standard_normal((300, 130), dtype=np.float32))  # 39 000 multiply-adds
     x = rng.standard_normal((1, 130), dtype=np.float32)
     x[0, 7] = 20.0  # an outlier feature
     y = small(x)
     int8.Int8Linear.from_float(rng.standard_normal((4096, 4096), dtype=np.float32))(
         rng.standard_normal((1, 4096), dtype=np.float32))  # 2^24 multiply-adds
-    assert seen == [1, 2]
+    assert seen == [1] and seen_pool == [2]
     monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 0)  # the same call on the pool: the same bits
-    assert np.array_equal(small(x), y)
+    assert np.array_equal(small(x), y) and seen_pool == [2, 2]
 
 
 def test_a_dense_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
