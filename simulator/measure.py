@@ -77,12 +77,17 @@ def views(buffer, shape, dtype=np.float32, count=None) -> list:
     return [flat[i * size:(i + 1) * size].reshape(shape) for i in range(fit if count is None else min(count, fit))]
 
 
-def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, threshold: float = 6.0) -> tuple[float, float]:
+def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, rounds: int = 3,
+                          threshold: float = 6.0) -> tuple[float, float]:
     """Median seconds of a K = N = ``k`` GEMV of the float32 vector ``x`` (1, k), NumPy's float32 (``x @ Wᵀ``)
     and ``Int8Linear``'s, each as a decode step runs it: one call after another on distinct weights, the copies
     (``k × k`` views of ``buffer``, a float32 array whose pages are mapped, at least twice the largest cache) in
-    turn, so that every call reads its weights from DRAM. Returns (float32 s, int8 s). The weights' values are the
-    buffer's: the kernels' time does not depend on them (the int8 scales are ones, the row sums zeros)."""
+    turn, so that every call reads its weights from DRAM. The two are timed in ``rounds`` alternating rounds of
+    ``repeats`` calls each, and each median is over all its rounds' calls: a sub-millisecond call on a shared VM
+    moves by tens of percent between seconds (K = 2048 on a 2-vCPU AMD EPYC, one round each, three runs: float32
+    0.49-0.76 ms, int8 0.30-0.45 ms), and alternating puts both in the same moments. Returns (float32 s, int8 s).
+    The weights' values are the buffer's: the kernels' time does not depend on them (the int8 scales are ones, the
+    row sums zeros)."""
     from kernels.int8 import Int8Linear, Int8Weight
 
     flat = buffer.reshape(-1)
@@ -92,9 +97,16 @@ def streamed_gemv_seconds(buffer, k: int, x, *, repeats: int = 15, threshold: fl
     fp32 = views(flat, (k, k))
     ones, zeros = np.ones(k, dtype=np.float32), np.zeros(k, dtype=np.int32)
     int8 = [Int8Linear(Int8Weight(w, ones, None, zeros), threshold=threshold) for w in views(flat, (k, k), np.int8)]
-    t_fp32 = time_call(in_turn([lambda w=w: x @ w.T for w in fp32]), repeats=repeats, warmup=len(fp32))
-    t_int8 = time_call(in_turn([lambda layer=layer: layer(x) for layer in int8]), repeats=repeats, warmup=2)
-    return t_fp32.median_s, t_int8.median_s
+    call_fp32 = in_turn([lambda w=w: x @ w.T for w in fp32])
+    call_int8 = in_turn([lambda layer=layer: layer(x) for layer in int8])
+    samples_fp32, samples_int8 = [], []
+    for r in range(rounds):
+        # NumPy's BLAS after ioaware's pool, which sleeps when a call returns: no pause needed but the first's
+        samples_fp32 += time_call(call_fp32, repeats=repeats, warmup=len(fp32) if r == 0 else 1,
+                                  settle_s=SETTLE_S if r == 0 else 0.0).samples_s
+        # int8 after a pause: OpenBLAS's workers spin on after its calls (SETTLE_S)
+        samples_int8 += time_call(call_int8, repeats=repeats, warmup=2 if r == 0 else 1).samples_s
+    return statistics.median(samples_fp32), statistics.median(samples_int8)
 
 
 def decode_seconds(buffer, q, k, v, llc_bytes: float, *, repeats: int = 40) -> float:

@@ -60,7 +60,7 @@ _FIELDS = (
     ("exp_block", 1e9, "G/s"), ("max_block", 1e9, "G/s"), ("fma_block", 1e9, "G/s"),
     ("row_step_s", 1e-9, "ns"),
     ("read_all_llc", 1e9, "GB/s"), ("read_one_llc", 1e9, "GB/s"), ("read_one_dram", 1e9, "GB/s"),
-    ("decode_stream", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
+    ("decode_stream", 1e9, "GB/s"), ("decode_stream_one", 1e9, "GB/s"), ("gemv_fp32_llc", 1e9, "GB/s"),
     ("gemv_fp32_dram", 1e9, "GB/s"), ("gemv_fp32_dram_wide", 1e9, "GB/s"),
     ("step_fp32_dram", 1e9, "GB/s"), ("step_int8_dram", 1e9, "GB/s"), ("step_outlier_s", 1e-9, "ns"),
     ("int8_gemv_llc", 1e9, "GB/s"), ("int8_gemv_dram", 1e9, "GB/s"), ("int8_gemv_one_llc", 1e9, "GB/s"),
@@ -98,8 +98,9 @@ class PhaseRates:
     ``attention_call_s``: a whole ``kernels.attention`` call on a tiny decode input; ``int8_call_s`` a whole
     ``Int8Linear`` call on a tiny vector. ``read_all_llc``: the all-core read rate from the last-level cache;
     ``read_one_llc`` and ``read_one_dram``: one core's read rate from the last-level cache and from DRAM;
-    ``decode_stream``: the K/V bytes/s that a decode step's block products (a few query rows against Bc keys, the
-    flash kernel with Br = 1) stream from DRAM on all threads;
+    ``decode_stream`` and ``decode_stream_one``: the K/V bytes/s that a decode call of ``kernels.attention`` (a few
+    query rows against Bc keys at a time, the flash kernel with Br = 1) streams from DRAM, on all threads and on
+    the calling thread;
     ``gemv_fp32_*``: NumPy's float32 GEMV (its own BLAS, all cores) in weight bytes/s, from the cache and DRAM
     (rows of K = ``GEMV_K`` = 4096; ``gemv_fp32_dram_wide`` from DRAM at K = ``GEMV_WIDE_K`` = 8192: OpenBLAS's
     rate depends on the row length, 33 against 28 GB/s on the 2-vCPU Xeon);
@@ -142,6 +143,7 @@ class PhaseRates:
     read_one_llc: float
     read_one_dram: float
     decode_stream: float
+    decode_stream_one: float
     gemv_fp32_llc: float
     gemv_fp32_dram: float
     gemv_fp32_dram_wide: float
@@ -433,17 +435,17 @@ def flash_phases(rates: PhaseRates, B, Hq, Hkv, Nq, Nk, d, *, causal=False, Br, 
 def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4) -> tuple[Phase, ...]:
     """One decode step of ``kernels.attention`` (one new query against ``n_kept`` cached tokens; a pruned cache
     keeps fewer): the flash kernel with Br = 1, whose block products are skinny GEMMs (the query heads of a GQA
-    group against Bc keys), so its K/V bytes stream at the rate measured for that shape class
-    (``rates.decode_stream``, from DRAM), not at the all-core read bandwidth; plus the fixed cost of the call and
-    the launch that merges the key splits."""
+    group against Bc keys), so its K/V bytes stream at the rate measured for such a call (``rates.decode_stream``
+    on all threads, ``decode_stream_one`` on the calling thread, from DRAM), not at the read bandwidth; plus the
+    fixed cost of the call and the launch that merges the key splits."""
     _check(B=B, Hq=Hq, Hkv=Hkv, n_kept=n_kept, d=d, Bc=Bc, elem_bytes=elem_bytes)
     kv_bytes = 2 * B * Hkv * n_kept * d * elem_bytes
     threads = attention_threads(rates, B, Hq, 1, n_kept, d, True)
     n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), threads)
     # the cache is cold, whatever its size: in a model each layer has its own, and the weights stream in between.
-    # A small call runs on one thread, which streams its share of the all-thread rate (the skinny products are
-    # limited per core, far below the DRAM bandwidth)
-    stream = rates.decode_stream * threads / rates.threads
+    # A small call runs on the calling thread, at one thread's measured rate (two threads streamed 1.3-1.5x one
+    # thread's bytes/s on a 2-vCPU AMD EPYC, not 2x: the shared memory path, not the cores, sets part of it)
+    stream = rates.decode_stream if threads == rates.threads else rates.decode_stream_one
     launches = 1 + (n_splits > 1)
     return (Phase("read", kv_bytes / stream, "read", threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),
             Phase("call", rates.attention_call_s + (launches if threads > 1 else 0) * rates.launch_s, "call", 1))

@@ -26,7 +26,7 @@ RATES = PhaseRates(
     fresh_dram=8e9, masked_llc=30e9, masked_dram=20e9, exp_llc=2e9, exp_dram=1e9, read_all=25e9, write_all=40e9,
     first_touch_all=20e9, gemm_qk=250e9, gemm_pv=250e9, gemm_block=120e9, exp_block=3e9, max_block=12e9, fma_block=10e9,
     row_step_s=200e-9, read_all_llc=40e9, read_one_llc=30e9, read_one_dram=12e9,
-    decode_stream=8e9, gemv_fp32_llc=30e9,
+    decode_stream=8e9, decode_stream_one=5e9, gemv_fp32_llc=30e9,
     gemv_fp32_dram=20e9, gemv_fp32_dram_wide=17e9, step_fp32_dram=18e9, step_int8_dram=22e9, step_outlier_s=2e-9,
     int8_gemv_llc=35e9, int8_gemv_dram=21e9, int8_gemv_one_llc=24e9, int8_gemv_one_dram=9e9, int8_outlier_s=3e-9,
     launch_s=50e-6, attention_call_s=100e-6, int8_call_s=20e-6, gemm_d=64, block_br=512, block_bc=512,
@@ -168,7 +168,10 @@ def test_decode_is_bound_by_its_bytes_and_its_call():
     pruned = phases.decode_phases(RATES, 1, 9, 3, 1024, 64, Bc=512)
     kv_bytes = 2 * 3 * 262144 * 64 * 4
     read = next(p for p in full if p.name == "read")
-    assert read.seconds == pytest.approx(kv_bytes / RATES.decode_stream)  # from DRAM, at the skinny products' rate
+    assert read.seconds == pytest.approx(kv_bytes / RATES.decode_stream)  # from DRAM, at a decode call's rate
+    # the pruned cache's call is small enough for the calling thread: one thread's rate
+    assert next(p for p in pruned if p.name == "read").seconds == pytest.approx(2 * 3 * 1024 * 64 * 4 /
+                                                                                RATES.decode_stream_one)
     call = next(p for p in pruned if p.name == "call")
     assert call.seconds >= RATES.attention_call_s
     # the fixed cost stays: the speedup of a 64x smaller cache is well below 64
@@ -243,7 +246,8 @@ def test_sizes_are_checked(bad):
 # against best-case rates would be off by the load, not by the model. When a row is off by more than 20% (a burst
 # from another process during the calibration or the calls), it calibrates again, keeps each rate's best of both
 # calibrations and each call's best time, and predicts every row again (twice at most): both sides tend to the
-# machine without the other processes. The tests then allow 25%.
+# machine without the other processes; a row that the new rates predict within 20% keeps its measurement (only
+# the rows that still miss are timed again, to keep CI's time). The tests then allow 25%.
 VALIDATION = textwrap.dedent("""
     import json, sys
     import numpy as np
@@ -330,10 +334,13 @@ VALIDATION = textwrap.dedent("""
         if not any(missed(r) for r in rows) and not any(gemv_missed(r) for r in gemv + decode):
             break
         rates = best(rates, phase_rates(buffer=buffer))
-        for i, r in enumerate(rows):
-            again = row(rates, r["algorithm"], r["n"], r["causal"])
-            again["measured_s"] = min(again["measured_s"], r["measured_s"])
-            rows[i] = again
+        for i, r in enumerate(rows):  # every row predicted again; measured again where it still misses
+            r = dict(r, predicted_s=predict(rates, r["algorithm"], r["n"], r["causal"]))
+            if missed(r):
+                again = row(rates, r["algorithm"], r["n"], r["causal"])
+                again["measured_s"] = min(again["measured_s"], r["measured_s"])
+                r = again
+            rows[i] = r
         gemv = [gemv_row(rates, r["k"]) if gemv_missed(r) else r for r in gemv]
         decode = [decode_row(rates, r["n"]) if gemv_missed(r) else r for r in decode]
     print(json.dumps({"rows": rows, "gemv": gemv, "decode": decode, "calibration_s": first_calibration_s}))
