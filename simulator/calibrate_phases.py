@@ -302,8 +302,9 @@ def decode_stream_rates(buffer, d: int, threads: int) -> dict:
 
     The call itself, not a stand-in: the flash kernel with Br = 1 streams its blocks through skinny products, an
     exp and a rescale per block, below the rate of the products alone. BLAS's skinny products alone, which this
-    rate once was, streamed 22.5 GB/s on a 2-vCPU AMD EPYC (Zen 4) where the whole call streamed 12-16, and the
-    pruned cache's decode speedup was predicted 6.6x against 9.7-12.9x measured."""
+    rate once was, streamed 22.5 GB/s on a 2-vCPU AMD EPYC (Zen 4) where a decode call of SmolLM2's layout (9 query
+    and 3 kv heads, 16384 cached tokens) streamed 12-16, and the pruned cache's decode speedup was predicted 6.6x
+    against 9.7-12.9x measured; this call streamed 19-24 GB/s there (12-17 on the calling thread)."""
     import kernels
 
     hkv = 4 * threads
@@ -580,6 +581,9 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     return PhaseRates.from_toml(PhaseRates(**values).to_toml())  # what the cache file will hold, to the last bit
 
 
+ROW_STEP_SAMPLES = 5  # excesses of the whole flash kernel over the model that set row_step_s (their median)
+
+
 def flash_row_step_seconds(rates, d: int) -> float:
     """Seconds per query row and key block that ``kernels.attention(algorithm="flash")`` takes beyond the parts
     ``rates`` times (block products, exps, rescale, call): the whole kernel measured at N = 4·Br with two heads
@@ -595,14 +599,12 @@ def flash_row_step_seconds(rates, d: int) -> float:
     q, k, v = (rng.standard_normal((1, heads, n, d), dtype=np.float32) for _ in range(3))
     predicted = total_seconds(flash_phases(rates, 1, heads, heads, n, n, d, Br=br, Bc=bc))
     per_thread_rows = heads * (n // br) * (n // bc) * br / rates.threads
-    # the median of ROW_STEP_SAMPLES excesses, each the best of 5 calls: one excess is a small difference of two
-    # larger times and moved from 0 to 650 ns per row in a dozen calibrations on a 2-vCPU AMD EPYC (0 in one of
-    # the validation's calibrations, which predicted flash at N = 512 25% short)
+    # the median of ROW_STEP_SAMPLES excesses, each the best of 5 calls, so that one burst during the calls does
+    # not set it. The excess is a small difference of two larger times: on a 2-vCPU AMD EPYC it took 0 to 650 ns
+    # per row over four calibrations of the block rates (each excess the same within 10% for one calibration), and
+    # a validation run whose calibration gave 0 predicted flash at N = 512 25% short
     excess = sorted(_best(lambda: kernels.attention(q, k, v), repeats=5) - predicted for _ in range(ROW_STEP_SAMPLES))
     return max(0.0, excess[len(excess) // 2]) / per_thread_rows
-
-
-ROW_STEP_SAMPLES = 5
 
 
 def cpu_phase_rates(force: bool = False):
