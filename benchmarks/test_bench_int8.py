@@ -34,6 +34,7 @@ from simulator.measure import SETTLE_S, in_turn, time_call
 from helpers import alternate_in_fresh_processes, p90
 
 GEMV = (1, 8192, 8192)  # 64 MiB of int8 weights, 256 MiB of float32
+GEMV_SERIAL = (1, 2048, 2048)  # 4 MiB of int8 weights: below 2^24 multiply-adds, on the calling thread
 GEMM = (512, 4096, 4096)
 TARGET = {"gemv": 3.0, "gemm": 2.0}  # int8 speed-up over NumPy float32 that issue 17 asks for
 
@@ -111,10 +112,12 @@ def test_int8_against_torch_dynamic_int8(benchmark, record, shape_name):
     record(row)
 
 
-def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
-    """int8 and float32 GEMVs of 8192² on distinct copies of the weights, called in turn (see the module notes);
-    the two kinds measured alternately in five blocks each, every block after a settle and a warm-up of its own."""
-    m, k, n = GEMV
+@pytest.mark.parametrize("shape", [GEMV_SERIAL, GEMV], ids=lambda s: f"{s[1]}x{s[2]}")
+def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks, shape):
+    """int8 and float32 GEMVs of 2048² (int8 on the calling thread: ``kernels._common.threads``) and 8192² on
+    distinct copies of the weights, called in turn (see the module notes); the two kinds measured alternately in
+    five blocks each, every block after a settle and a warm-up of its own."""
+    m, k, n = shape
     x, w = _inputs(m, k, n, seed=k + m)
     layer = Int8Linear.from_float(w)
     np.testing.assert_allclose(layer(x), int8_matmul_reference(x, w), rtol=1e-4, atol=1e-3)
@@ -143,6 +146,7 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks):
                "read_GB/s": f"{machine_peaks['read_gbps']:.1f}"}
         if name == "int8":
             row.update({"vs_numpy": f"{medians['numpy-float32'] / medians['int8']:.2f}x",
-                        "target": f">={TARGET['gemv']:.0f}x", "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
+                        # issue 17's 3x at 8192²; issue 13's "never slower than NumPy's float32" at 2048²
+                        "target": f">={TARGET['gemv']:.0f}x" if shape == GEMV else ">=1x", "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
                         "cpu": cpu_model()})
         record(row)

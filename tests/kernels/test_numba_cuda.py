@@ -20,6 +20,7 @@ if _gpu.numba_cuda() is None:
     pytest.skip("no CUDA device and NUMBA_ENABLE_CUDASIM is off", allow_module_level=True)
 
 SIM = _gpu.simulated()  # the simulator runs every GPU thread as a Python thread: tiny shapes there
+pytestmark = pytest.mark.usefixtures("fast_simulator")  # (tests/conftest.py)
 BIG = 1 if SIM else 16  # size multiplier on a real device
 
 
