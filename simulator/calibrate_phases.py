@@ -293,32 +293,44 @@ def int8_call_seconds() -> float:
 DECODE_ROWS = 4  # query heads per kv head of the calibration's decode call: a GQA group of 4 (Llama-3-8B's)
 
 
-def decode_stream_rates(buffer, d: int, threads: int) -> dict:
-    """K/V bytes/s of a decode call of ``kernels.attention`` (one new query per head against a cache) streaming its
-    cache from DRAM, on all threads (``decode_stream``) and on the calling thread (``decode_stream_one``):
-    ``DECODE_ROWS`` query heads per kv head, 4·``threads`` kv heads (as many tasks as the kernel wants without
-    splitting the keys), K and V views of a quarter of ``buffer`` each; the call's fixed cost is left in (a few
-    hundredths of a millisecond against milliseconds of streaming).
+DECODE_ONE_TOKENS = 2048  # cached tokens per kv head of the calling thread's calibration call: 4 kv heads of them
+# and DECODE_ROWS query heads each make 4.2 M multiply-adds, well below SERIAL_MULTIPLY_ADDS (kernels._common.threads)
 
-    The call itself, not a stand-in: the flash kernel with Br = 1 streams its blocks through skinny products, an
+
+def decode_stream_rates(buffer, d: int, threads: int, call_s: float) -> dict:
+    """K/V bytes/s of a decode call of ``kernels.attention`` (one new query per head against a cache) streaming its
+    cache from DRAM: ``decode_stream`` on all threads, ``decode_stream_one`` on the calling thread.
+
+    All threads: ``DECODE_ROWS`` query heads per kv head, 4·``threads`` kv heads (as many tasks as the kernel wants
+    without splitting the keys), K and V views of a quarter of ``buffer`` each; the call's fixed cost is left in (a
+    few hundredths of a millisecond against milliseconds of streaming). The calling thread: the calls that run
+    there are small by definition (``kernels._common.threads``), short caches met cold, so it is timed on such
+    calls: 4 kv heads of ``DECODE_ONE_TOKENS`` tokens, on consecutive views of half of ``buffer`` called in turn
+    (each from DRAM, as a model's layers meet their caches), less each call's fixed cost ``call_s``.
+
+    The calls themselves, not stand-ins: the flash kernel with Br = 1 streams its blocks through skinny products, an
     exp and a rescale per block, below the rate of the products alone. BLAS's skinny products alone, which this
     rate once was, streamed 22.5 GB/s on a 2-vCPU AMD EPYC (Zen 4) where a decode call of SmolLM2's layout (9 query
     and 3 kv heads, 16384 cached tokens) streamed 12-16, and the pruned cache's decode speedup was predicted 6.6x
-    against 9.7-12.9x measured; this call streamed 19-24 GB/s there (12-17 on the calling thread)."""
+    against 9.7-12.9x measured. There the one long call on the calling thread (8 kv heads of 32768 tokens) streamed
+    12-17 GB/s, while a call on 1024 tokens met cold streamed 5-11 GB/s: a short stream per task pays the memory's
+    latency before the prefetchers run ahead."""
     import kernels
 
     hkv = 4 * threads
     n = (buffer.size // 4) // (hkv * d)
     k, v = views(buffer, (1, hkv, n, d), count=2)  # (1, Hkv, n, d) each, a quarter of the buffer
     q = np.ones((1, DECODE_ROWS * hkv, 1, d), dtype=np.float32)  # (1, Hq, 1, d)
-
-    def rate():
-        kernels.attention(q, k[:, :, :64], v[:, :, :64], causal=True)  # compiled, the pool awake
-        return (k.nbytes + v.nbytes) / _best(lambda: kernels.attention(q, k, v, causal=True), repeats=2, warmup=0)
-
-    rates = {"decode_stream": rate()}
-    with one_thread():
-        rates["decode_stream_one"] = rate()
+    kernels.attention(q, k[:, :, :64], v[:, :, :64], causal=True)  # compiled, the pool awake
+    rates = {"decode_stream": (k.nbytes + v.nbytes) / _best(lambda: kernels.attention(q, k, v, causal=True),
+                                                            repeats=2, warmup=0)}
+    shape = (1, 4, DECODE_ONE_TOKENS, d)  # (1, Hkv, n, d)
+    caches = views(buffer[:buffer.size // 2], shape)  # K and V in turn: half the buffer, past the largest cache
+    q_one = np.ones((1, DECODE_ROWS * 4, 1, d), dtype=np.float32)  # (1, Hq, 1, d)
+    calls = [lambda kk=kk, vv=vv: kernels.attention(q_one, kk, vv, causal=True)
+             for kk, vv in zip(caches[0::2], caches[1::2])]
+    t = _in_turn_seconds(calls)
+    rates["decode_stream_one"] = 2 * caches[0].nbytes * len(calls) / max(t - len(calls) * call_s, 0.5 * t)
     return rates
 
 
@@ -560,14 +572,14 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     values.update(_standard_gemm_rates(d, threads))
     values.update(_flash_block_rates(d, threads))
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
-    values.update(decode_stream_rates(buffer, d, threads))
+    values["attention_call_s"] = attention_call_seconds()
+    values.update(decode_stream_rates(buffer, d, threads, values["attention_call_s"]))
     values.update(decode_step_rates(buffer, threads))
     if write_all is None:
         write_all = spec.hbm_bandwidth if spec is not None else triad_bandwidth_of(buffer, repeats=3)
     if launch_s is None:
         launch_s = spec.launch_overhead_s if spec is not None else launch_overhead()
     values["write_all"], values["launch_s"] = write_all, launch_s
-    values["attention_call_s"] = attention_call_seconds()
     values["int8_call_s"] = int8_call_seconds()
     values.update(int8_gemv_rates(buffer, values["llc_bytes"], values["launch_s"], values["int8_call_s"]))
     llc_part = buffer[:max(2**18, int(values["llc_bytes"]) // 2 // 4)]  # half the effective LLC

@@ -303,6 +303,8 @@ VALIDATION = textwrap.dedent("""
     def gemv_missed(r):
         return abs(r["predicted"] / r["measured"] - 1) > RETRY
 
+    DECODE_ROUNDS = 5
+
     def decode_row(rates, n):
         # decode against a full cache of n tokens and a SnapKV-pruned one of 1024 (SmolLM2's attention layout),
         # each cache read from DRAM as a model's layers meet theirs: the pruned cache's speedup
@@ -311,7 +313,12 @@ VALIDATION = textwrap.dedent("""
         k, v = (rng.standard_normal((1, hkv, n, d), dtype=np.float32) for _ in range(2))
         k_c, v_c, _ = snapkv_compress(q, k, v, capacity=kept)
         llc = cache_sizes().get("L3", 32 * 2**20)
-        t_full, t_pruned = (decode_seconds(buffer, q[:, :, -1:], kk, vv, llc) for kk, vv in ((k, v), (k_c, v_c)))
+        # the best of DECODE_ROUNDS medians of each, alternating (best against best, as the attention rows): the
+        # pruned cache's call on the calling thread moved between ~190 and ~260 us from one median of 40 calls to
+        # the next on a 2-vCPU AMD EPYC
+        rounds = [[decode_seconds(buffer, q[:, :, -1:], kk, vv, llc) for kk, vv in ((k, v), (k_c, v_c))]
+                  for _ in range(DECODE_ROUNDS)]
+        t_full, t_pruned = (min(times) for times in zip(*rounds))
         _, bc_decode = kernels.attn.default_blocks(d, 4, hq // hkv)
         p_full, p_pruned = (phases.total_seconds(phases.decode_phases(rates, 1, hq, hkv, m, d, Bc=bc_decode))
                             for m in (n, kept))
