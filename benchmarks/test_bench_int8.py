@@ -147,6 +147,7 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks, shape):
         if name == "int8":
             row.update({"vs_numpy": f"{medians['numpy-float32'] / medians['int8']:.2f}x",
                         # issue 17's 3x at 8192²; issue 13's "never slower than NumPy's float32" at 2048²
-                        "target": f">={TARGET['gemv']:.0f}x" if shape == GEMV else ">=1x", "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
+                        "target": f">={TARGET['gemv']:.0f}x" if shape == GEMV else ">=1x",
+                        "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
                         "cpu": cpu_model()})
         record(row)

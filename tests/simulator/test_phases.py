@@ -245,8 +245,9 @@ def test_sizes_are_checked(bad):
 # is timed as its best too (of 15 calls at N <= 1024, 7 at 2048, 3 at 4096): under a steady load from other
 # processes a median of the calls against best-case rates would be off by the load, not by the model. When a row
 # is off by more than 20%, it calibrates again (twice at most) and times again the rows that every calibration so
-# far misses by more than 20%, keeping each call's best time; then every row is predicted from one calibration, the
-# one whose worst row is best. The VM's speed drifts between the calibration and the calls, both ways: on a 2-vCPU
+# far misses by more than 20%, keeping each call's best time; then every attention row is predicted from one
+# calibration, the one whose worst row is best (a GEMV or decode row that misses is measured and predicted again
+# with it). The VM's speed drifts between the calibration and the calls, both ways: on a 2-vCPU
 # AMD EPYC the standard algorithm at N = 512 causal was predicted 32% short in one run and 18% long (against its
 # phases' best times) a few minutes later, and a retry that kept each rate's fastest value of two calibrations (as
 # this one did before) could only move a row predicted short further off. The tests then allow 25%.
@@ -277,7 +278,7 @@ VALIDATION = textwrap.dedent("""
         return {"algorithm": algorithm, "n": n, "causal": causal, "measured_s": t.min_s, "median_s": t.median_s,
                 "predicted_s": predict(rates, algorithm, n, causal)}
 
-    RETRY = 0.20  # a row this far off is measured again, with the best of two calibrations (the tests allow 0.25)
+    RETRY = 0.20  # a row this far off is measured again after another calibration (the tests allow 0.25)
 
     def missed(r):
         return abs(r["predicted_s"] / r["measured_s"] - 1) > RETRY
