@@ -329,8 +329,7 @@ def decode_stream_rates(buffer, d: int, threads: int, call_s: float) -> dict:
     q_one = np.ones((1, DECODE_ROWS * 4, 1, d), dtype=np.float32)  # (1, Hq, 1, d)
     calls = [lambda kk=kk, vv=vv: kernels.attention(q_one, kk, vv, causal=True)
              for kk, vv in zip(caches[0::2], caches[1::2])]
-    t = _in_turn_seconds(calls)
-    rates["decode_stream_one"] = 2 * caches[0].nbytes * len(calls) / max(t - len(calls) * call_s, 0.5 * t)
+    rates["decode_stream_one"] = 2 * caches[0].nbytes * len(calls) / _in_turn_less_fixed(calls, call_s)
     return rates
 
 
@@ -445,6 +444,13 @@ def _in_turn_seconds(calls, passes=3):
     return _best(one_pass, repeats=passes, warmup=1)
 
 
+def _in_turn_less_fixed(calls, fixed_s):
+    """``_in_turn_seconds`` of ``calls`` less each call's fixed cost ``fixed_s`` (the model adds it once per call),
+    never below half the time measured (a fixed cost measured in a slower moment than the calls)."""
+    t = _in_turn_seconds(calls)
+    return max(t - len(calls) * fixed_s, 0.5 * t)
+
+
 def _dram_views(buffer, dtype, view_bytes, K):
     """(view_bytes // K // itemsize, K) views of the first half of ``buffer``, in order: distinct weights, each
     read from DRAM when they are called in turn (half the buffer is the largest cache the OS reports)."""
@@ -496,15 +502,11 @@ def int8_gemv_rates(buffer, llc_bytes: float, launch_s: float, call_s: float) ->
         return [Int8Linear(Int8Weight(w, np.ones(w.shape[0], np.float32), None, np.zeros(w.shape[0], np.int32)))
                 for w in views]
 
-    def seconds_in_turn(in_turn, x_in, fixed_s):
-        """Seconds per pass of the layers ``in_turn`` called in turn on x_in, less each call's fixed cost."""
-        t = _in_turn_seconds([lambda layer=layer: layer(x_in) for layer in in_turn])
-        return max(t - len(in_turn) * fixed_s, 0.5 * t)
-
     def dram(view_bytes, fixed_s):
         views = _dram_views(buffer, np.int8, view_bytes, K)
         in_turn = layers(views)
-        return sum(w.nbytes for w in views) / seconds_in_turn(in_turn, x, fixed_s)
+        return sum(w.nbytes for w in views) / _in_turn_less_fixed([lambda layer=layer: layer(x) for layer in in_turn],
+                                                                  fixed_s)
 
     def outlier_seconds():
         resident = np.ones((max(1, cache_sizes().get("L2", 2**20) // 2 // K), K), dtype=np.int8)  # (N, K)

@@ -261,7 +261,7 @@ def _split_gemv(x, weight: Int8Weight, threshold):
             # one core's reads in flight (``rows.gemv``: K = N = 2048 streamed from DRAM 0.52 -> 0.39 ms on a
             # 2-vCPU AMD EPYC, alternating rounds; on the pool ``split_gemv``'s blocks were as fast or faster)
             rows.gemv(rows.path_marker(USE_VNNI), x, np.float32(threshold), weight.w_i8, weight.absmax,
-                      weight.w_row_sums, y[0], flags, 1)
+                      weight.w_row_sums, y[0], flags)
         elif USE_VNNI:  # the dot-product path where the CPU has it, else the portable loop
             _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
         else:

@@ -17,7 +17,7 @@ features (their indices are cols[:J], their float16 values x_o[0, :J]).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from .._common.prefetch import PREFETCH_ROWS, prefetch_rows
@@ -25,6 +25,7 @@ from ._numba_cpu import _dequantized, _gemv_output, _outlier_columns, _plus_outl
 from ._vnni import VECTOR_BYTES, _corrected, _dot_row, _offset_row, vdpbusd, vload, vload_first, vsum, vzero
 
 
+@njit(cache=True)
 def padded_k(K: int) -> int:
     """Bytes of ``x_u8``'s row for K features: K rounded up to a 64-byte vector (``_vnni._dot_row`` reads whole
     vectors of it)."""
@@ -143,23 +144,19 @@ def _int8_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_ro
     return impl
 
 
-@njit(parallel=True, cache=True)
-def gemv(path, x, threshold, w_i8, absmax_w, w_row_sums, y, flags, n_tasks):
-    """``Int8Linear`` on one vector x (1, K) float32 with the weight kept in int8 only: ``prepare``, then
-    ``int8_rows`` over ``n_tasks`` equal contiguous ranges of the N outputs in one parallel region; y (N,) float32,
-    flags (K,) bool (the outlier features). Bit for bit ``split_gemv``'s result (the same scan, rounding and
-    epilogue; exact int32 products), with the row kernel's four streams and prefetch: 2-vCPU AMD EPYC (Zen 4,
-    32 MiB L3), K = N = 2048 on the calling thread, each call on another of 512 weights (from DRAM, as decode meets
-    its layers), alternating three rounds of 21 calls: ``split_gemv`` 0.51-0.53 ms median (7.9-8.3 GB/s of int8
-    weights; NumPy's float32 GEMV of the same weights streamed: 0.45 ms), this 0.39-0.40 ms (10.5-10.8 GB/s)."""
+@njit(cache=True)
+def gemv(path, x, threshold, w_i8, absmax_w, w_row_sums, y, flags):
+    """``Int8Linear`` on one vector x (1, K) float32 with the weight kept in int8 only, on the calling thread:
+    ``prepare``, then ``int8_rows`` over all N outputs; y (N,) float32, flags (K,) bool (the outlier features).
+    Bit for bit ``split_gemv``'s result (the same scan, rounding and epilogue; exact int32 products), with the row
+    kernel's four streams and prefetch: 2-vCPU AMD EPYC (Zen 4, 32 MiB L3), K = N = 2048, each call on another of
+    512 weights (from DRAM, as decode meets its layers), alternating three rounds of 21 calls: ``split_gemv``
+    0.51-0.53 ms median (7.9-8.3 GB/s of int8 weights; NumPy's float32 GEMV of the same weights streamed: 0.45 ms),
+    this 0.39-0.40 ms (10.5-10.8 GB/s)."""
     K = x.shape[1]
-    N = w_i8.shape[0]
     cols = np.empty(K, dtype=np.int64)  # (K,) outlier feature indices, the first J used
     x_o = np.empty((1, K), dtype=np.float32)  # (1, K) their float16 values
-    x_u8 = np.empty((1, (K + VECTOR_BYTES - 1) // VECTOR_BYTES * VECTOR_BYTES), dtype=np.uint8)  # (1, padded_k(K))
+    x_u8 = np.empty((1, padded_k(K)), dtype=np.uint8)  # (1, K rounded up to 64) offset int8 activations
     absmax_x = np.empty(1, dtype=np.float32)  # (1,)
     J = prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x)
-    per = (N + n_tasks - 1) // n_tasks
-    for t in prange(n_tasks):
-        n0 = min(N, t * per)
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, min(N, n0 + per))
+    int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, 0, w_i8.shape[0])

@@ -443,8 +443,8 @@ def decode_phases(rates: PhaseRates, B, Hq, Hkv, n_kept, d, *, Bc, elem_bytes=4)
     threads = attention_threads(rates, B, Hq, 1, n_kept, d, True)
     n_splits = flash_split_count(B * Hkv, -(-n_kept // min(Bc, n_kept)), threads)
     # the cache is cold, whatever its size: in a model each layer has its own, and the weights stream in between.
-    # A small call runs on the calling thread, at one thread's measured rate (two threads streamed 1.2-1.8x one
-    # thread's bytes/s in four calibrations on a 2-vCPU AMD EPYC, not 2x: not the cores alone set it)
+    # A small call runs on the calling thread, at the rate measured on such calls (decode_stream_one: short caches
+    # met cold, each stream paying the memory's latency), not at a share of the all-thread rate
     stream = rates.decode_stream if threads == rates.threads else rates.decode_stream_one
     launches = 1 + (n_splits > 1)
     return (Phase("read", kv_bytes / stream, "read", threads, flops=4 * B * Hq * n_kept * d, bytes=kv_bytes),

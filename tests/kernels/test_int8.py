@@ -127,7 +127,7 @@ def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out)
     flags_rows, flags_blocks = np.empty(k, np.bool_), np.empty(k, np.bool_)
     threshold = np.float32(6.0)
     rows.gemv(rows.path_marker(_api.USE_VNNI), x, threshold, weight.w_i8, weight.absmax, weight.w_row_sums, y_rows,
-              flags_rows, 1)
+              flags_rows)
     if _api.USE_VNNI:
         _vnni.split_gemv(x, threshold, weight.w_i8, weight.absmax, weight.w_row_sums, y_blocks, flags_blocks)
     else:
