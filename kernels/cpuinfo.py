@@ -69,6 +69,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_vendor() -> str:
+    """The processor's vendor string (Linux ``/proc/cpuinfo``'s ``vendor_id``: "GenuineIntel", "AuthenticAMD"),
+    else an empty string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def user_cache_dir() -> Path:
     """Where ioaware keeps what it measures or fetches once: ``$IOAWARE_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/ioaware``, else ``~/.cache/ioaware``."""

@@ -20,7 +20,7 @@ from numba import njit, prange
 from kernels._common.numba_cpu import FASTMATH, exp_row, row_max
 from kernels.cpuinfo import cache_sizes, user_cache_dir
 from kernels.dense import gemv_rows
-from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
+from kernels.int8.rows import ROW_PREFETCH, int8_rows, padded_k, path_marker, prepare
 
 from .calibrate import (CACHE_FILE, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled, launch_overhead,
                         machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
@@ -357,16 +357,17 @@ def _rows_fp32(x, w, y, threads):
 
 
 @njit(parallel=True, cache=True)
-def _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads):
+def _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads, ahead):
     per = (w.shape[0] + threads - 1) // threads
     for t in prange(threads):
-        int8_rows(path, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per, min(w.shape[0], (t + 1) * per))
+        int8_rows(path, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per,
+                  min(w.shape[0], (t + 1) * per), ahead)
 
 
 @njit(cache=True)
-def _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, times):
+def _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, times, ahead):
     for _ in range(times):  # on the calling thread
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0])
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0], ahead)
 
 
 def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *, outliers: bool = True,
@@ -407,7 +408,7 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     path = path_marker()
 
     def int8(w):  # no outlier feature
-        return _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads)
+        return _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads, ROW_PREFETCH)
 
     _rows_fp32(x, w32[:8], y32, threads)  # compile and warm
     int8(w8[:8])
@@ -422,7 +423,7 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
 
     def again(J):
         return _best(lambda: _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, resident, absmax_w, row_sums, y8,
-                                              times), repeats=5, warmup=1)
+                                              times, ROW_PREFETCH), repeats=5, warmup=1)
 
     rates["step_outlier_s"] = _per_product(again(J) - again(0), times * resident.shape[0] * J)
     return rates

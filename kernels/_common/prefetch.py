@@ -68,6 +68,21 @@ PREFETCH_ROWS = 8  # a row kernel asks for the weight rows this far ahead of the
 # prefetch
 
 
+def row_prefetch_rows(vendor: str) -> int:
+    """How far ahead (rows) the int8 row kernel (``kernels.int8.rows``) asks for its weight rows on a CPU of
+    ``vendor`` (``kernels.cpuinfo.cpu_vendor``); 0: not at all, the hardware prefetchers alone.
+
+    Measured on both vendors the project has run on. Intel (2-vCPU Xeon, family 6 model 167): PREFETCH_ROWS ahead,
+    as measured there (above). AMD (2-vCPU EPYC, family 25 model 17, Zen 4, KVM): none. There the four streams of
+    consecutive rows (one per quarter of a range) are followed by the hardware prefetchers, and asking for the rows
+    as well slowed them: one thread, 300 MB of int8 (N, K) weights from DRAM, 2 rounds each, K = 576 24.5-26.1 GB/s
+    without, 12.2-18.5 with PREFETCH_T0 at 1-16 KB ahead per stream, 17.7-22.6 with PREFETCH_T1; K = 1536 21.9-22.1
+    without, 11.7-17.5 and 16.9-22.5. Four adjacent rows (one stream) were the other way round there: 8.7-10.3
+    without, 10.6-15.7 with. Other vendors: as Intel (the page-bound stream prefetcher that the prefetch is for is
+    Intel's documented behaviour)."""
+    return 0 if vendor == "AuthenticAMD" else PREFETCH_ROWS
+
+
 @njit(inline="always")
 def prefetch_lines(flat, start, stop):
     """``prefetch`` every cache line of flat[start:stop] (a 1-D array, element indices)."""

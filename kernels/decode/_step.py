@@ -54,6 +54,10 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       kv heads no longer leave one of two threads idle for a third of a long attention (the step's part beside its
       weights at 4000 cached tokens 13.4 -> 10.4 ms; in ``generate`` after a 4000-token prompt 50-52 -> 60-63
       tokens/s, int8 + int8 head).
+  v10: on AMD the int8 rows without their software prefetch (``row_prefetch``, ``kernels.int8.rows.ROW_PREFETCH``;
+      the evidence in ``kernels/_common/prefetch.py``). 2-vCPU AMD EPYC (Zen 4, KVM), SmolLM2's ``generate`` of 48
+      tokens in one process, the step's ``row_prefetch`` 8 and 0 in turn, five rounds: int8 + int8 head 104-116 ->
+      119-128 tokens/s (faster in every round), int8 96-101 -> 100-113.
 """
 from __future__ import annotations
 
@@ -68,7 +72,7 @@ from .._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, ho
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
-from ..int8.rows import int8_rows, padded_k, path_marker, prepare
+from ..int8.rows import ROW_PREFETCH, int8_rows, padded_k, path_marker, prepare
 from ._fused import PIECE_SLOTS, _add_rms_norm, _attend_piece, _combine, _rope_write, piece_width
 
 TASKS_PER_THREAD = 4  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
@@ -90,13 +94,13 @@ LINEAR_STEPS = (QKV, O_PROJ, GATE_UP, DOWN, HEAD)  # the steps that read a weigh
 # of a count that all threads share, and at a few dozen per task those updates cost more than the task (the linear
 # steps ran 2.4x slower on two threads than on one). So a worker takes each array out once per step.
 @njit(cache=True)
-def _linear_rows(is_int8, path, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1):
+def _linear_rows(is_int8, path, ahead, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1):
     """y[n0:n1] = outputs n0..n1-1 of one linear for the input v (already prepared into x_u8 .. absmax_x, with J
-    outliers, when int8)."""
+    outliers, when int8; ``ahead`` the int8 rows' prefetch, ``kernels.int8.rows.int8_rows``)."""
     if not is_int8:
         gemv_rows(v, w32, y, n0, n1)
     else:
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1)
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1, ahead)
 
 
 @njit(cache=True)
@@ -174,8 +178,8 @@ def _wait_ahead(counters, done, n_tasks, w, first_task, last_task, rows_per_task
 
 
 @njit(cache=True)
-def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, thresholds, norms, kv, bufs, quant_h,
-            quant_i, rot, outliers):
+def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_kind, thresholds, norms, kv, bufs,
+            quant_h, quant_i, rot, outliers):
     """Run the plan's steps in order: claim the step's tasks until none is left, then wait for all to finish."""
     kinds, layers, tasks, rows, ahead = plan
     # the blocks' weights in one arena of their kind (``_arena``: layer by layer), their scales blocks_*[j] (L, out)
@@ -249,16 +253,16 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
             elif kind == GATE_UP:  # gate and up rows of the same features, then SwiGLU (Shazeer 2020)
                 n_act = act.size
                 n1 = min(n0 + rows[s], n_act)
-                _linear_rows(is_int8, path, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, gate_up,
-                             n0, n1)
-                _linear_rows(is_int8, path, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, gate_up,
-                             n_act + n0, n_act + n1)
+                _linear_rows(is_int8, path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
+                             absmax_x, gate_up, n0, n1)
+                _linear_rows(is_int8, path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
+                             absmax_x, gate_up, n_act + n0, n_act + n1)
                 for i in range(n0, n1):
                     g = gate_up[i]
                     act[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n_act + i]
             else:  # QKV, O_PROJ, DOWN, HEAD
-                _linear_rows(is_int8, path, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y,
-                             n0, min(n0 + rows[s], y.size))
+                _linear_rows(is_int8, path, row_prefetch, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
+                             absmax_x, y, n0, min(n0 + rows[s], y.size))
             if s == kinds.size - 1:  # the step that makes the result (the head's rows, or h): count what is not
                 # finite while it is in this core's cache, for the caller to refuse (``LlamaDecodeStep.__call__``)
                 result, r0, r1 = (h, 0, h.size) if kind == NORM_FINAL else (y, n0, min(n0 + rows[s], y.size))
@@ -286,11 +290,11 @@ def _worker(worker, n_workers, plan, counters, path, weights, lin_kind, threshol
 
 
 @njit(parallel=True, cache=True)
-def _run(n_workers, plan, counters, path, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts,
-         shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers):
+def _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r,
+         head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers):
     # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
     for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
-        _worker(worker, n_workers, plan, counters, path,
+        _worker(worker, n_workers, plan, counters, path, row_prefetch,
                 (arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes), lin_kind,
                 thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
 
@@ -464,6 +468,8 @@ class LlamaDecodeStep:
         # of values that are not finite
         self._counters = _lines((((numba.config.NUMBA_NUM_THREADS + 1) * n_steps + 1) * COUNTER_STRIDE,), np.int64)
         self._scale = np.float32(1.0 / np.sqrt(self.head_dim))  # as the per-layer path computes the scale
+        self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 rows ask for their weight (``int8_rows``); no value
+        # depends on it
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -534,8 +540,9 @@ class LlamaDecodeStep:
         n_counted = plan[0].size * (n_workers + 1) * COUNTER_STRIDE  # the steps' counts (``_worker``)
         counters = self._counters[:n_counted + COUNTER_STRIDE]
         counters[:] = 0
-        _run(n_workers, plan, counters, path_marker(), *self._weights, self._lin_kind, self._thresholds, self._norms,
-             kv, (x, self._h, *self._work, self._logits, self._empty, parts), *self._quant, rot, outliers)
+        _run(n_workers, plan, counters, path_marker(), self.row_prefetch, *self._weights, self._lin_kind,
+             self._thresholds, self._norms, kv, (x, self._h, *self._work, self._logits, self._empty, parts),
+             *self._quant, rot, outliers)
         return counters[n_counted]
 
     @property

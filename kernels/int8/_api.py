@@ -257,11 +257,12 @@ def _split_gemv(x, weight: Int8Weight, threshold):
     y = np.empty((x.shape[0], weight.w_i8.shape[0]), dtype=np.float32)
     with serial_if_small(multiply_adds=x.size * y.shape[1]):  # M·K·N: a small product on the calling thread
         if x.shape[0] == 1 and numba.get_num_threads() == 1:
-            # one vector on one thread: the fused decode step's row kernel, whose four streams and prefetch keep
-            # one core's reads in flight (``rows.gemv``: K = N = 2048 streamed from DRAM 0.52 -> 0.39 ms on a
-            # 2-vCPU AMD EPYC, alternating rounds; on the pool ``split_gemv``'s blocks were as fast or faster)
+            # one vector on one thread: the fused decode step's row kernel, whose four streams (and, where it
+            # helps, prefetch: ``rows.ROW_PREFETCH``) keep one core's reads in flight (``rows.gemv``: K = N = 2048
+            # streamed from DRAM 0.52 -> 0.39 ms on a 2-vCPU AMD EPYC with the prefetch, 0.27-0.30 without it,
+            # alternating rounds; on the pool ``split_gemv``'s blocks were as fast or faster)
             rows.gemv(rows.path_marker(USE_VNNI), x, np.float32(threshold), weight.w_i8, weight.absmax,
-                      weight.w_row_sums, y[0], flags)
+                      weight.w_row_sums, y[0], flags, rows.ROW_PREFETCH)
         elif USE_VNNI:  # the dot-product path where the CPU has it, else the portable loop
             _vnni.split_gemv(x, np.float32(threshold), weight.w_i8, weight.absmax, weight.w_row_sums, y, flags)
         else:

@@ -20,7 +20,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .._common.prefetch import PREFETCH_ROWS, prefetch_rows
+from .._common.prefetch import prefetch_rows, row_prefetch_rows
+from ..cpuinfo import cpu_vendor
 from ._numba_cpu import _dequantized, _gemv_output, _outlier_columns, _plus_outliers, _quantize_row, round_to_float16
 from ._vnni import VECTOR_BYTES, _corrected, _dot_row, _offset_row, vdpbusd, vload, vload_first, vsum, vzero
 
@@ -57,10 +58,11 @@ def prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x):
 
 ROWS_AT_ONCE = 4  # weight rows a product step reads together, one per quarter of its range: four streams, and
 # each load of x serves four rows
+ROW_PREFETCH = row_prefetch_rows(cpu_vendor())  # the ``ahead`` that this CPU's callers pass (0 on AMD: see there)
 
 
 @njit(cache=True)
-def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
     # an atomic update of a line that every thread's view of it shares
     K, flat = w_i8.shape[1], w_i8.reshape(-1)  # the flat view made once (see prefetch_rows)
@@ -70,8 +72,8 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
     # adjacent rows, 7 rounds: K = 576 14.6-16.4 -> 17.0-19.7 GB/s, K = 1536 11.4-16.9 -> 19.0-21.0; SmolLM2's
     # int8 + int8 head ``generate``, alternating fresh processes: 83.3-88.3 -> 83.0-96.6 tokens/s over four pairs
     q = (n1 - n0) // ROWS_AT_ONCE  # rows per quarter
-    for r in range(ROWS_AT_ONCE):
-        prefetch_rows(flat, K, n0 + r * q, n0 + (r + 1) * q, PREFETCH_ROWS)
+    for r in range(ROWS_AT_ONCE if ahead else 0):
+        prefetch_rows(flat, K, n0 + r * q, n0 + (r + 1) * q, ahead)
     # Written out in the loop, not through inlined helpers: a helper that takes arrays and has a loop or a branch
     # counts a reference on each array per call (NRT_incref/decref, atomic updates of a line that both threads
     # share), which Numba's refcount pruning keeps. Per group of four rows the dot products' helper made two of
@@ -80,8 +82,8 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
     # and SmolLM2's int8 + int8 head step took 0.905-0.986 (median 0.965) of its time without it, alternating in
     # one process (10 rounds of 10 calls).
     for n in range(n0, n0 + q):
-        for r in range(ROWS_AT_ONCE):  # each quarter's row two ahead (_common.prefetch)
-            prefetch_rows(flat, K, n + r * q + PREFETCH_ROWS, n0 + (r + 1) * q, 1)
+        for r in range(ROWS_AT_ONCE if ahead else 0):  # each quarter's row ``ahead`` rows on (_common.prefetch)
+            prefetch_rows(flat, K, n + r * q + ahead, n0 + (r + 1) * q, 1)
         # four rows at once, one from each quarter: four streams, and each load of x serves four rows (wrapped
         # int32 sums of (x + 128)·w)
         a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
@@ -115,7 +117,7 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
 
 
 @njit(cache=True)
-def _rows_loop(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+def _rows_loop(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
     K = w_i8.shape[1]
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # once (see _rows_vnni)
     for n in range(n0, n1):
@@ -126,37 +128,40 @@ def _rows_loop(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
         y[n] = _gemv_output(c, 0, n, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
 
 
-def int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+def int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
     """y[n0:n1] = the split product of the prepared vector with rows n0..n1-1 of the int8 weight (N, K), its
-    absmax (N,) and row sums (N,) int32; y float32. Numba code only (an ``overload`` on ``path``'s dtype)."""
+    absmax (N,) and row sums (N,) int32; y float32. ``ahead``: how many rows ahead the ``vpdpbusd`` path asks for
+    the rows of each of its four streams (0: not at all; callers pass ``ROW_PREFETCH``); it changes no value.
+    Numba code only (an ``overload`` on ``path``'s dtype)."""
     raise NotImplementedError("int8_rows is called from Numba code")
 
 
 @overload(int8_rows)
-def _int8_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
+def _int8_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
     if not isinstance(path, types.Array):
         return None
     rows = _rows_vnni if path.dtype == types.uint8 else _rows_loop
 
-    def impl(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1):
-        rows(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1)
+    def impl(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
+        rows(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead)
 
     return impl
 
 
 @njit(cache=True)
-def gemv(path, x, threshold, w_i8, absmax_w, w_row_sums, y, flags):
+def gemv(path, x, threshold, w_i8, absmax_w, w_row_sums, y, flags, ahead):
     """``Int8Linear`` on one vector x (1, K) float32 with the weight kept in int8 only, on the calling thread:
-    ``prepare``, then ``int8_rows`` over all N outputs; y (N,) float32, flags (K,) bool (the outlier features).
-    Bit for bit ``split_gemv``'s result (the same scan, rounding and epilogue; exact int32 products), with the row
-    kernel's four streams and prefetch: 2-vCPU AMD EPYC (Zen 4, 32 MiB L3), K = N = 2048, each call on another of
-    512 weights (from DRAM, as decode meets its layers), alternating three rounds of 21 calls: ``split_gemv``
-    0.51-0.53 ms median (7.9-8.3 GB/s of int8 weights; NumPy's float32 GEMV of the same weights streamed: 0.45 ms),
-    this 0.39-0.40 ms (10.5-10.8 GB/s)."""
+    ``prepare``, then ``int8_rows`` over all N outputs (``ahead`` as there); y (N,) float32, flags (K,) bool (the
+    outlier features). Bit for bit ``split_gemv``'s result (the same scan, rounding and epilogue; exact int32
+    products), with the row kernel's four streams: 2-vCPU AMD EPYC (Zen 4, 32 MiB L3), K = N = 2048, each call on
+    another of 512 weights (from DRAM, as decode meets its layers), alternating three rounds of 21 calls:
+    ``split_gemv`` 0.51-0.53 ms median (7.9-8.3 GB/s of int8 weights; NumPy's float32 GEMV of the same weights
+    streamed: 0.45 ms), this 0.39-0.40 ms (10.5-10.8 GB/s) with the rows' prefetch; without it (``ahead`` = 0, as
+    on AMD now), alternating five rounds of 128 weights with it: 0.27-0.30 ms against 0.31-0.36 (one round 0.16)."""
     K = x.shape[1]
     cols = np.empty(K, dtype=np.int64)  # (K,) outlier feature indices, the first J used
     x_o = np.empty((1, K), dtype=np.float32)  # (1, K) their float16 values
     x_u8 = np.empty((1, padded_k(K)), dtype=np.uint8)  # (1, K rounded up to 64) offset int8 activations
     absmax_x = np.empty(1, dtype=np.float32)  # (1,)
     J = prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x)
-    int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, 0, w_i8.shape[0])
+    int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, 0, w_i8.shape[0], ahead)

@@ -11,6 +11,7 @@ from kernels import decode
 from kernels.decode import _step
 from kernels.decode._fused import PIECE_SLOTS
 from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, wait_until
+from kernels._common.prefetch import PREFETCH_ROWS, row_prefetch_rows
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
 from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
@@ -138,11 +139,14 @@ def test_calls_from_two_threads_at_once_give_the_serial_results(rng):
         assert len(results[i]) == 20 and all(np.array_equal(r, serial[i]) for r in results[i])
 
 
-def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path):
-    # many outlier features (threshold 0.5) and none (threshold 0): the epilogue's float16 part and its absence
+@pytest.mark.parametrize("row_prefetch", [0, PREFETCH_ROWS])
+def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path, row_prefetch):
+    # many outlier features (threshold 0.5) and none (threshold 0): the epilogue's float16 part and its absence;
+    # with the int8 rows' prefetch off (AMD) and on (other vendors)
     for threshold in (0.5, 0.0):
         layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, threshold)
         step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+        step.row_prefetch = row_prefetch
         keys = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
         values = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
         x = rng.standard_normal(32).astype(np.float32)
@@ -252,9 +256,10 @@ def test_a_result_with_one_value_that_is_not_finite_is_refused(rng, threads, int
             step(np.full(8, np.inf, np.float32), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False)
 
 
+@pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])  # the row prefetch off (AMD) and on (other vendors)
 @pytest.mark.parametrize("span", [7, 37])  # a quarter of one row and three alone; quarters of 9 and one alone
 @pytest.mark.parametrize("n, k", [(1, 1), (5, 63), (70, 64), (130, 200)])
-def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k, span):
+def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k, span, ahead):
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = (2 * rng.standard_normal((1, k))).astype(np.float32)
     layer = Int8Linear.from_float(w, threshold=2.5)
@@ -263,14 +268,14 @@ def test_prepared_rows_equal_int8_linear(rng, int8_path, n, k, span):
     J = prepare(x, np.float32(2.5), flags, cols, x_o, x_u8, absmax_x)
     y = np.full(n, np.nan, np.float32)
     _rows(path_marker(), x_u8, J, cols, x_o, absmax_x, layer.weight.w_i8, layer.weight.absmax,
-          layer.weight.w_row_sums, y, n, span)
+          layer.weight.w_row_sums, y, n, span, ahead)
     assert np.array_equal(y, layer(x)[0])
 
 
 @njit
-def _rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n, span):
+def _rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n, span, ahead):
     for n0 in range(0, n, span):  # in ranges of ``span`` outputs, the last one short
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + span))
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, n0, min(n, n0 + span), ahead)
 
 
 @njit(parallel=True)
@@ -285,6 +290,12 @@ def _count_in_steps(n_workers, counters, out, n_steps, n_tasks):
                 out[s, t] = 1 + (out[s - 1, (t + 1) % n_tasks] if s else 0)
                 atomic_add(counters, (2 * s + 1) * COUNTER_STRIDE, 1)
             wait_until(counters, (2 * s + 1) * COUNTER_STRIDE, n_tasks)
+
+
+def test_the_int8_rows_prefetch_follows_the_vendor():
+    # measured on both (kernels/_common/prefetch.py): the hardware alone on AMD, PREFETCH_ROWS ahead elsewhere
+    assert row_prefetch_rows("AuthenticAMD") == 0
+    assert row_prefetch_rows("GenuineIntel") == row_prefetch_rows("") == PREFETCH_ROWS > 0
 
 
 @pytest.mark.parametrize("n_workers", [1, 2, 5])

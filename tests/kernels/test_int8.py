@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernels._common.prefetch import PREFETCH_ROWS
 from kernels import int8
 from kernels.int8 import (Int8Linear, Int8Weight, int8_gemm, int8_matmul, int8_matmul_reference,
                           naive_absmax_matmul, quantize_reference, quantize_vectorwise)
@@ -116,7 +117,8 @@ def test_the_path_follows_numbas_target_cpu(env, expected):
 # prefetch past the range's end
 @pytest.mark.parametrize("k, n, n_out", [(1, 1, 0), (63, 3, 2), (64, 4, 0), (130, 5, 1), (577, 37, 3),
                                          (2048, 130, 5)])
-def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out):
+@pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])  # the rows' prefetch off (AMD) and on (other vendors)
+def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out, ahead):
     # Int8Linear on one vector runs kernels.int8.rows.gemv on the calling thread and split_gemv on the pool: the
     # same bits, and the same outlier features
     from kernels.int8 import _api, _numba_cpu, _vnni, rows
@@ -127,7 +129,7 @@ def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out)
     flags_rows, flags_blocks = np.empty(k, np.bool_), np.empty(k, np.bool_)
     threshold = np.float32(6.0)
     rows.gemv(rows.path_marker(_api.USE_VNNI), x, threshold, weight.w_i8, weight.absmax, weight.w_row_sums, y_rows,
-              flags_rows)
+              flags_rows, ahead)
     if _api.USE_VNNI:
         _vnni.split_gemv(x, threshold, weight.w_i8, weight.absmax, weight.w_row_sums, y_blocks, flags_blocks)
     else:
