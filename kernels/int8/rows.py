@@ -59,6 +59,9 @@ def prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x):
 ROWS_AT_ONCE = 4  # weight rows a product step reads together, one per quarter of its range: four streams, and
 # each load of x serves four rows
 ROW_PREFETCH = row_prefetch_rows(cpu_vendor())  # the ``ahead`` that this CPU's callers pass (0 on AMD: see there)
+BLOCK_BYTES = 64 * 1024  # weight bytes of a block of rows whose outputs are finished together after their products:
+# their rows are still in L2 for the outlier products (a quarter of the smallest L2 per core of current x86
+# server cores, 256 KiB and up)
 
 
 @njit(cache=True)
@@ -66,6 +69,7 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once: each view counts a reference to its array,
     # an atomic update of a line that every thread's view of it shares
     K, flat = w_i8.shape[1], w_i8.reshape(-1)  # the flat view made once (see prefetch_rows)
+    sums = y.view(np.int32)  # a block's int32 sums, then its outputs in their place
     full = K - K % VECTOR_BYTES
     # four rows at once, one from each quarter of the range: each stream runs through consecutive rows (as in
     # kernels.dense, v4). 2-vCPU Xeon with a 105 MiB L3, 135 MiB of int8 rows on two threads, in turn with four
@@ -81,36 +85,45 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
     # streamed 256 MiB at K = 576 on two threads at 24.1-25.4 against 28.5-30.4 GB/s (2-vCPU Xeon, side by side),
     # and SmolLM2's int8 + int8 head step took 0.905-0.986 (median 0.965) of its time without it, alternating in
     # one process (10 rounds of 10 calls).
-    for n in range(n0, n0 + q):
-        for r in range(ROWS_AT_ONCE if ahead else 0):  # each quarter's row ``ahead`` rows on (_common.prefetch)
-            prefetch_rows(flat, K, n + r * q + ahead, n0 + (r + 1) * q, 1)
-        # four rows at once, one from each quarter: four streams, and each load of x serves four rows (wrapped
-        # int32 sums of (x + 128)·w)
-        a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
-        p0 = n * K
-        p1, p2, p3 = p0 + q * K, p0 + 2 * q * K, p0 + 3 * q * K
-        for k in range(0, full, VECTOR_BYTES):
-            xv = vload(x_u8, k)
-            a0 = vdpbusd(a0, xv, vload(flat, p0 + k))
-            a1 = vdpbusd(a1, xv, vload(flat, p1 + k))
-            a2 = vdpbusd(a2, xv, vload(flat, p2 + k))
-            a3 = vdpbusd(a3, xv, vload(flat, p3 + k))
-        if full < K:
-            xv, tail = vload(x_u8, full), K - full
-            a0 = vdpbusd(a0, xv, vload_first(flat, p0 + full, tail))
-            a1 = vdpbusd(a1, xv, vload_first(flat, p1 + full, tail))
-            a2 = vdpbusd(a2, xv, vload_first(flat, p2 + full, tail))
-            a3 = vdpbusd(a3, xv, vload_first(flat, p3 + full, tail))
-        sums = (vsum(a0), vsum(a1), vsum(a2), vsum(a3))
-        # _gemv_output's two halves taken apart: all four outputs dequantized, then the outlier products only
-        # where there is an outlier feature (most of a token's linears meet none)
+    # The outputs of a block of rows are finished after the block's products, a quarter at a time: the product
+    # loop then reads the four weight streams and writes four sums, nothing else. Dequantized per group of four
+    # rows instead, the scales, row sums and outputs of four quarters made twelve more streams of a few bytes per
+    # row. 300 MB of rows from DRAM on two threads, no prefetch, that way and this one in turn in one process, 5
+    # rounds (2-vCPU AMD EPYC, Zen 4): K = 576 23.1-25.4 -> 28.5-30.5 GB/s in four rounds (22.7 in one), with two
+    # outlier features 18.7-35.7 -> 23.6-29.7 (the VM's speed moved); K = 1536 23.9-25.9 -> 23.6-28.4, with
+    # two outliers 22.5-24.2 -> 22.4-27.7. Bit for bit the same outputs.
+    block = max(1, BLOCK_BYTES // (ROWS_AT_ONCE * K))  # rows per quarter
+    for b0 in range(n0, n0 + q, block):
+        b1 = min(b0 + block, n0 + q)
+        for n in range(b0, b1):
+            for r in range(ROWS_AT_ONCE if ahead else 0):  # each quarter's row ``ahead`` rows on (_common.prefetch)
+                prefetch_rows(flat, K, n + r * q + ahead, n0 + (r + 1) * q, 1)
+            # four rows at once, one from each quarter: four streams, and each load of x serves four rows (wrapped
+            # int32 sums of (x + 128)·w)
+            a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
+            p0 = n * K
+            p1, p2, p3 = p0 + q * K, p0 + 2 * q * K, p0 + 3 * q * K
+            for k in range(0, full, VECTOR_BYTES):
+                xv = vload(x_u8, k)
+                a0 = vdpbusd(a0, xv, vload(flat, p0 + k))
+                a1 = vdpbusd(a1, xv, vload(flat, p1 + k))
+                a2 = vdpbusd(a2, xv, vload(flat, p2 + k))
+                a3 = vdpbusd(a3, xv, vload(flat, p3 + k))
+            if full < K:
+                xv, tail = vload(x_u8, full), K - full
+                a0 = vdpbusd(a0, xv, vload_first(flat, p0 + full, tail))
+                a1 = vdpbusd(a1, xv, vload_first(flat, p1 + full, tail))
+                a2 = vdpbusd(a2, xv, vload_first(flat, p2 + full, tail))
+                a3 = vdpbusd(a3, xv, vload_first(flat, p3 + full, tail))
+            sums[n], sums[n + q], sums[n + 2 * q], sums[n + 3 * q] = vsum(a0), vsum(a1), vsum(a2), vsum(a3)
+        # _gemv_output's two halves taken apart: the block's outputs dequantized, then the outlier products only
+        # where there is an outlier feature (most of a token's linears meet none), their weights still in L2
         for r in range(ROWS_AT_ONCE):
-            m = n + r * q
-            y[m] = _dequantized(_corrected(sums[r], w_row_sums[m]), 0, m, absmax_x, absmax_w)
-        if outlier_cols.size:
-            for r in range(ROWS_AT_ONCE):
-                m = n + r * q
-                y[m] = _plus_outliers(y[m], 0, m, absmax_w, outlier_x, outlier_cols, w_i8)
+            for m in range(b0 + r * q, b1 + r * q):
+                y[m] = _dequantized(_corrected(sums[m], w_row_sums[m]), 0, m, absmax_x, absmax_w)
+            if outlier_cols.size:
+                for m in range(b0 + r * q, b1 + r * q):
+                    y[m] = _plus_outliers(y[m], 0, m, absmax_w, outlier_x, outlier_cols, w_i8)
     for m in range(n0 + ROWS_AT_ONCE * q, n1):  # the last n1 − n0 mod 4 rows (at most three a call)
         c = _corrected(_dot_row(x_u8, 0, w_i8, m), w_row_sums[m])
         y[m] = _gemv_output(c, 0, m, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
