@@ -9,7 +9,10 @@ the same DRAM buffer when ``calibrate(with_phase_rates=True)`` measures both).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import hashlib
 import os
+from pathlib import Path
 
 import numpy as np
 from numba import njit, prange
@@ -215,20 +218,44 @@ def calibrate(*, with_phase_rates: bool = False):
     return (spec, rates) if with_phase_rates else spec
 
 
+@functools.lru_cache(maxsize=None)
+def code_stamp() -> str:
+    """A digest of the code whose speed the cache files hold (the kernels, the calibration and the timing
+    helpers): a cache file written by another version of that code is measured again, since a change to a kernel
+    changes the rates measured on it (the cache triad's rewrite once moved this machine's cache bandwidth 6x)."""
+    root = Path(__file__).resolve().parent.parent  # holds the packages kernels and simulator
+    files = [*(root / "kernels").rglob("*.py"), *(root / "simulator").glob("calibrate*.py"),
+             root / "simulator" / "measure.py"]
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_stamp() -> str:
+    """The first line of a cache file of this module's measurements: a comment naming the code that measured
+    them (``code_stamp``)."""
+    return f"# measured by code {code_stamp()}\n"
+
+
 def cached_spec() -> HardwareSpec | None:
-    """The spec in the cache file, if it is there, readable and from this machine."""
+    """The spec in the cache file, if it is there, readable, from this machine and measured by this code."""
     path = user_cache_dir() / CACHE_FILE
     if not path.is_file():
         return None
+    text = path.read_text()
+    if not text.startswith(cache_stamp()):
+        return None
     try:
-        spec = from_toml(path.read_text(), origin=str(path))
+        spec = from_toml(text, origin=str(path))
     except ValueError:
         return None
     return spec if spec.name == f"cpu ({machine_id()})" else None
 
 
 def cpu_spec(force: bool = False) -> HardwareSpec:
-    """This machine's spec: from the cache file when it is there and from this machine, else calibrated and saved.
+    """This machine's spec: from the cache file when it is there, from this machine and measured by this code
+    (``code_stamp``), else calibrated and saved.
 
     ``force=True`` measures again.
     """
@@ -236,7 +263,7 @@ def cpu_spec(force: bool = False) -> HardwareSpec:
     if spec is not None:
         return spec
     spec = calibrate()
-    save_atomically(user_cache_dir() / CACHE_FILE, spec.to_toml())
+    save_atomically(user_cache_dir() / CACHE_FILE, cache_stamp() + spec.to_toml())
     return spec
 
 

@@ -22,8 +22,8 @@ from kernels.cpuinfo import cache_sizes, user_cache_dir
 from kernels.dense import gemv_rows
 from kernels.int8.rows import ROW_PREFETCH, int8_rows, padded_k, path_marker, prepare
 
-from .calibrate import (CACHE_FILE, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled, launch_overhead,
-                        machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
+from .calibrate import (CACHE_FILE, cache_stamp, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled,
+                        launch_overhead, machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
 from .hardware.spec import HardwareSpec
 from .measure import SETTLE_S, time_call, views
 
@@ -623,14 +623,15 @@ def flash_row_step_seconds(rates, d: int) -> float:
 
 
 def cpu_phase_rates(force: bool = False):
-    """This machine's ``PhaseRates``: from the cache file when it is there and from this machine (and these
-    threads), else measured with ``cpu_spec()`` and saved. ``force=True`` measures again."""
+    """This machine's ``PhaseRates``: from the cache file when it is there, from this machine (and these
+    threads) and measured by this code (``simulator.calibrate.code_stamp``), else measured with ``cpu_spec()`` and
+    saved. ``force=True`` measures again."""
     import numba
 
     from .costs.phases import PhaseRates
 
     path = user_cache_dir() / PHASE_CACHE_FILE
-    stamp = f"# {machine_id()} threads={numba.get_num_threads()}\n"
+    stamp = f"{cache_stamp()}# {machine_id()} threads={numba.get_num_threads()}\n"
     if not force and path.is_file():
         text = path.read_text()
         if text.startswith(stamp):
@@ -641,7 +642,7 @@ def cpu_phase_rates(force: bool = False):
     spec = cached_spec()
     if spec is None:  # both at once, over one buffer
         spec, rates = calibrate(with_phase_rates=True)
-        save_atomically(user_cache_dir() / CACHE_FILE, spec.to_toml())
+        save_atomically(user_cache_dir() / CACHE_FILE, cache_stamp() + spec.to_toml())
     else:
         rates = phase_rates(spec=spec)
     save_atomically(path, stamp + rates.to_toml())
