@@ -57,7 +57,11 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
   v10: on AMD the int8 rows without their software prefetch (``row_prefetch``, ``kernels.int8.rows.ROW_PREFETCH``;
       the evidence in ``kernels/_common/prefetch.py``). 2-vCPU AMD EPYC (Zen 4, KVM), SmolLM2's ``generate`` of 48
       tokens in one process, the step's ``row_prefetch`` 8 and 0 in turn, five rounds: int8 + int8 head 104-116 ->
-      119-128 tokens/s (faster in every round), int8 96-101 -> 100-113.
+      119-128 tokens/s (faster in every round), int8 96-101 -> 100-113. The int8 + int8 head step alone (16 cached
+      tokens), eight rounds of 20 calls in turn with the rows' outputs finished per block (``kernels.int8.rows``):
+      8.01-9.04 ms with the prefetch, 6.43-7.33 without (a prefetch of each range's first rows only: 6.42-7.53).
+      Two, four, eight and sixteen tasks per thread in turn the same way: medians 6.80, 6.50, 6.84, 7.18 ms, the
+      fastest one changing from round to round; four kept.
 """
 from __future__ import annotations
 
