@@ -3,8 +3,8 @@ head, beside the bound that the weight bytes read per token and the all-core rea
 fp32 measured in the same run. The read bandwidth (``simulator.calibrate.read_bandwidth_of``, the best of five
 reads of a DRAM-sized buffer) is measured in turn with the decode runs, and ``of_bound`` is the median over the
 rounds of each run's rate against the read beside it: a VM's memory speed drifts by a third over minutes (read
-22.9-37.2 GB/s in three consecutive rounds on a 2-vCPU AMD EPYC), and a bound read once at the start of a run
-measured another machine than the decode it bounds.
+22.9-37.2 GB/s over six rounds of two consecutive processes on a 2-vCPU AMD EPYC, 28.1-46.1 within one run of
+this benchmark), and a bound read once at the start of a run measured another machine than the decode it bounds.
 
 Targets of issue 17: int8 prefill faster than fp32; fp32 decode >= 0.9 of its bound; int8 with the int8 LM head
 >= 2.5x fp32's decode tokens/s. Beside the bound, ``of_weights_read``: the weight bytes per token at the decode

@@ -57,29 +57,27 @@ def cache_sizes() -> dict[str, int]:
     return sizes
 
 
-def cpu_model() -> str:
-    """The processor's model name (Linux ``/proc/cpuinfo``), else what ``platform`` knows."""
+def _cpuinfo_field(key: str) -> str:
+    """The first value of ``key`` in Linux ``/proc/cpuinfo`` ("model name", "vendor_id"), else ""."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return ""
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux ``/proc/cpuinfo``), else what ``platform`` knows."""
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def cpu_vendor() -> str:
     """The processor's vendor string (Linux ``/proc/cpuinfo``'s ``vendor_id``: "GenuineIntel", "AuthenticAMD"),
     else an empty string."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo_field("vendor_id")
 
 
 def user_cache_dir() -> Path:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels._common.prefetch import PREFETCH_ROWS
 from kernels import int8
+from kernels._common.prefetch import PREFETCH_ROWS
 from kernels.int8 import (Int8Linear, Int8Weight, int8_gemm, int8_matmul, int8_matmul_reference,
                           naive_absmax_matmul, quantize_reference, quantize_vectorwise)
 from tests.helpers import BAD_INT8_CALLS, assert_close, planted_int8
