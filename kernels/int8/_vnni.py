@@ -312,12 +312,18 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
             x_u8[m, k] = x_i8[m, k]  # the two's complement byte
         _offset_row(x_u8, m, K)
     for block in prange((N + GEMV_BN - 1) // GEMV_BN):
-        for n in range(block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)):
+        start, stop = block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)
+        # _gemv_output's two halves taken apart (as in rows._rows_vnni): the block's outputs dequantized, then the
+        # outlier products where there is an outlier feature, the block's rows still in L2. Per row instead, with
+        # four outlier features, 8192² took 2.67 against 2.33 ms (2048²: 0.375 against 0.341), alternating call
+        # by call (same machine as below); without outliers 2.38 ms
+        for n in range(start, stop):
             for m in range(M):
-                # _gemv_output's two halves, taken apart (see rows._rows_vnni)
                 y[m, n] = _dequantized(_corrected(_dot_row(x_u8, m, w_i8_t, n), w_row_sums[n]), m, n, absmax_x,
                                        absmax_w)
-                if cols.size:
+        if cols.size:
+            for n in range(start, stop):
+                for m in range(M):
                     y[m, n] = _plus_outliers(y[m, n], m, n, absmax_w, x_o, cols, w_i8_t)
 
 @njit(cache=True)
