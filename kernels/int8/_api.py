@@ -256,11 +256,14 @@ def _split_gemv(x, weight: Int8Weight, threshold):
     flags = np.empty(x.shape[1], dtype=np.bool_)
     y = np.empty((x.shape[0], weight.w_i8.shape[0]), dtype=np.float32)
     with serial_if_small(multiply_adds=x.size * y.shape[1]):  # M·K·N: a small product on the calling thread
-        if x.shape[0] == 1 and numba.get_num_threads() == 1:
-            # one vector on one thread: the fused decode step's row kernel, whose four streams (and, where it
-            # helps, prefetch: ``rows.ROW_PREFETCH``) keep one core's reads in flight (``rows.gemv``: K = N = 2048
-            # streamed from DRAM 0.52 -> 0.39 ms on a 2-vCPU AMD EPYC with the prefetch, 0.27-0.30 without it,
-            # alternating rounds; on the pool ``split_gemv``'s blocks were as fast or faster)
+        if x.shape[0] == 1 and numba.get_num_threads() == 1 and rows.ROW_PREFETCH:
+            # one vector on one thread, where the rows' prefetch is on (``rows.ROW_PREFETCH``: not on AMD): the
+            # fused decode step's row kernel, whose four streams and prefetch keep one core's reads in flight
+            # (``rows.gemv``: K = N = 2048 streamed from DRAM, against ``_vnni.split_gemv`` when it read four
+            # adjacent rows at once, 0.52 -> 0.39 ms on a 2-vCPU AMD EPYC). Without the prefetch, one row at a time
+            # is faster on one thread: ``_vnni.split_gemv`` now, against ``rows.gemv`` without prefetch on the same
+            # AMD EPYC (Zen 4), weights from DRAM, four outlier features, alternating call by call: 2048² 0.111-0.155
+            # against 0.218-0.257 ms, 1024² 0.031 against 0.061 ms (two runs each)
             rows.gemv(rows.path_marker(USE_VNNI), x, np.float32(threshold), weight.w_i8, weight.absmax,
                       weight.w_row_sums, y[0], flags, rows.ROW_PREFETCH)
         elif USE_VNNI:  # the dot-product path where the CPU has it, else the portable loop

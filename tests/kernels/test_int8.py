@@ -119,8 +119,8 @@ def test_the_path_follows_numbas_target_cpu(env, expected):
                                          (2048, 130, 5)])
 @pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])  # the rows' prefetch off (AMD) and on (other vendors)
 def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out, ahead):
-    # Int8Linear on one vector runs kernels.int8.rows.gemv on the calling thread and split_gemv on the pool: the
-    # same bits, and the same outlier features
+    # Int8Linear on one vector runs kernels.int8.rows.gemv on the calling thread where the rows' prefetch is on
+    # (not on AMD), split_gemv elsewhere: the same bits, and the same outlier features
     from kernels.int8 import _api, _numba_cpu, _vnni, rows
 
     x, w, _ = planted_int8(rng, 1, k, n, n_out)
@@ -136,6 +136,25 @@ def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out,
         _numba_cpu.split_gemv(x, threshold, weight.w_i8, weight.absmax, y_blocks, flags_blocks)
     assert np.array_equal(y_rows, y_blocks[0]) and np.array_equal(flags_rows, flags_blocks)
     assert np.flatnonzero(flags_rows).size == n_out
+
+
+@pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])
+def test_one_vector_on_the_calling_thread_takes_either_kernel_alike(rng, dot_path, monkeypatch, ahead):
+    # below 2^24 multiply-adds Int8Linear runs on the calling thread: rows.gemv where the rows' prefetch is on,
+    # the blocked GEMV where it is off (AMD); forced both ways, the bits and the outlier features of the pool's call
+    from kernels.int8 import _api, _numba_cpu, _vnni, rows
+
+    x, w, _ = planted_int8(rng, 1, 577, 130, 3)
+    layer = Int8Linear.from_float(w)
+    monkeypatch.setattr(rows, "ROW_PREFETCH", ahead)
+    y, outliers = layer(x, return_outliers=True)
+    expected, flags = np.empty((1, 130), np.float32), np.empty(577, np.bool_)
+    kernel_args = (x, np.float32(layer.threshold), layer.weight.w_i8, layer.weight.absmax)
+    if _api.USE_VNNI:
+        _vnni.split_gemv(*kernel_args, layer.weight.w_row_sums, expected, flags)
+    else:
+        _numba_cpu.split_gemv(*kernel_args, expected, flags)
+    assert np.array_equal(y, expected) and np.array_equal(outliers, np.flatnonzero(flags)) and outliers.size == 3
 
 
 CASES = [(1, 64, 32, 0), (1, 4096, 96, 3), (17, 300, 130, 1), (64, 257, 64, 7), (5, 40, 33, 40)]
