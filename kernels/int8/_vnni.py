@@ -270,8 +270,8 @@ def quantize_rows(x, skip, x_u8, absmax):
 @njit(inline="always")
 def _dot_row(x_u8, m, w_i8_t, n):
     """Σ_k (x[m, k] + 128) · w[n, k] over one weight row (wrapped int32); x_u8 rows padded to 64 bytes. Four
-    independent chains of ``vpdpbusd`` over consecutive vectors of the row (one chain waits out the instruction's
-    latency at each step: see ``split_gemv``), summed at the end."""
+    independent chains of ``vpdpbusd`` over consecutive vectors of the row (a single chain waits for each
+    instruction's result before the next), summed at the end."""
     K = w_i8_t.shape[1]
     row_bytes = x_u8.shape[1]
     full = K - K % VECTOR_BYTES
@@ -299,9 +299,9 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
     One row at a time with four chains against four rows at once (one chain each; v2, the Xeon's choice against a
     single chain), 2-vCPU AMD EPYC (Zen 4, 32 MiB L3, KVM): two threads, weights from DRAM (copies called in turn),
     four outlier features, the two kernels alternating call by call in one process, medians of 150-600 calls, in
-    four runs while the VM's all-core read moved between 25 and 36 GB/s: 2048² 0.41-0.64 -> 0.16-0.33 ms (faster
-    by 1.9-2.6x in each run), 4096² (one run) 1.46 -> 0.96 ms, 8192² 2.80-4.79 -> 2.43-4.17 ms (one more run: 2.75
-    against 2.82). ``_numba_cpu``'s loop ran as fast as one row with four chains."""
+    three or four runs while the VM's all-core read moved between 25 and 36 GB/s: 2048² 0.41-0.64 -> 0.16-0.33 ms
+    (faster by 1.9-2.6x in each run), 4096² (one run) 1.46 -> 0.96 ms, 8192² 2.80-4.79 -> 2.43-4.17 ms (one more
+    run: 2.75 against 2.82). ``_numba_cpu``'s loop ran as fast as one row with four chains."""
     M, K = x.shape
     N = w_i8_t.shape[0]
     cols, x_o, x_i8, absmax_x = _gemv_prologue(x, threshold, flags)
@@ -316,7 +316,7 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
         # _gemv_output's two halves taken apart (as in rows._rows_vnni): the block's outputs dequantized, then the
         # outlier products where there is an outlier feature, the block's rows still in L2. Per row instead, with
         # four outlier features, 8192² took 2.67 against 2.33 ms (2048²: 0.375 against 0.341), alternating call
-        # by call (same machine as below); without outliers 2.38 ms
+        # by call (the machine of the docstring); without outliers 2.38 ms
         for n in range(start, stop):
             for m in range(M):
                 y[m, n] = _dequantized(_corrected(_dot_row(x_u8, m, w_i8_t, n), w_row_sums[n]), m, n, absmax_x,
@@ -325,6 +325,7 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, w_row_sums, y, flags):
             for n in range(start, stop):
                 for m in range(M):
                     y[m, n] = _plus_outliers(y[m, n], m, n, absmax_w, x_o, cols, w_i8_t)
+
 
 @njit(cache=True)
 def pack_panel(w_i8_t, p, panel):
