@@ -263,7 +263,9 @@ def _split_gemv(x, weight: Int8Weight, threshold):
             # adjacent rows at once, 0.52 -> 0.39 ms on a 2-vCPU AMD EPYC). Without the prefetch, one row at a time
             # is faster on one thread: ``_vnni.split_gemv`` now, against ``rows.gemv`` without prefetch on the same
             # AMD EPYC (Zen 4), weights from DRAM, four outlier features, alternating call by call: 2048² 0.111-0.155
-            # against 0.218-0.257 ms, 1024² 0.031 against 0.061 ms (two runs each)
+            # against 0.218-0.257 ms, 1024² 0.031 against 0.061 ms (two runs each); after a 64 MiB read between
+            # calls 0.269 against 0.338 ms and 0.130 against 0.128; only with the weight kept in the cache (the same
+            # one called again and again) it is slower, 0.123 against 0.112 ms and 0.045 against 0.036
             rows.gemv(rows.path_marker(USE_VNNI), x, np.float32(threshold), weight.w_i8, weight.absmax,
                       weight.w_row_sums, y[0], flags, rows.ROW_PREFETCH)
         elif USE_VNNI:  # the dot-product path where the CPU has it, else the portable loop
