@@ -4,7 +4,8 @@ calls, once per threading option, each option in a fresh process (``stall_probe.
 Targets (issue 13): p90 <= 1.5 × median for every call; ``Int8Linear`` GEMV no slower than NumPy's float32 GEMV
 at 2048²; SmolLM2 decode (int8 with the int8 LM head) after the other kernels within 10% of its fresh-process
 rate and >= 0.8 of the bound that the weight bytes per token and the all-core read bandwidth set
-(tokens/s <= read B/s / weight bytes per token: every weight is read once per token).
+(tokens/s <= read B/s / weight bytes per token: every weight is read once per token), each decode round against
+a read taken right after it (``of_bound``: the median over the rounds), since a VM's read moves within minutes.
 
 Options (environment of the child process):
 - ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
@@ -81,7 +82,11 @@ def test_stalls(benchmark, record, tmp_path, option):
                 "median_ms": f"{median * 1e3:.3f}", "p90_ms": f"{p90(xs) * 1e3:.3f}",
                 "p90/median": f"{p90(xs) / median:.2f}"})
     decode = result["decode_tokens_per_s"]
-    bound = result["read_bytes_per_s"] / result["weight_bytes_per_token"]
+    # the bound of each round after the other kernels from the read beside it (stall_probe._decode_rounds); its
+    # median over the rounds
+    rates, reads = result["decode_rounds"]["after_kernels"]
+    of_bound = statistics.median(r * result["weight_bytes_per_token"] / b for r, b in zip(rates, reads))
+    bound = statistics.median(reads) / result["weight_bytes_per_token"]
     gemv = {n: statistics.median(samples[f"Int8Linear GEMV {n}²"]) for n in (2048, 4096)}
     record({"bench": "stalls-summary", "option": option, "cpu": cpu_model().replace(" ", "_"),
             "cores": os.cpu_count(), "pool": f"{result['pool']['threading_layer']}x{result['pool']['threads']}",
@@ -90,5 +95,5 @@ def test_stalls(benchmark, record, tmp_path, option):
             "worst_peer": worst_peer.replace(" ", "_"), "worst_peer_p90/median": f"{spread(worst_peer):.2f}",
             "int8_over_numpy_gemv_2048": f"{statistics.median(samples['numpy GEMV 2048²']) / gemv[2048]:.2f}",
             "decode_fresh_tok/s": f"{decode['fresh']:.1f}", "decode_after_tok/s": f"{decode['after_kernels']:.1f}",
-            "read_GB/s": f"{result['read_bytes_per_s'] / 1e9:.1f}", "bound_tok/s": f"{bound:.1f}",
-            "of_bound": f"{decode['after_kernels'] / bound:.2f}"})
+            "read_GB/s": f"{statistics.median(reads) / 1e9:.1f} ({min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f})",
+            "bound_tok/s": f"{bound:.1f}", "of_bound": f"{of_bound:.2f}"})
