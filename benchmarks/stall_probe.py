@@ -112,7 +112,6 @@ def main(argv=None):
     result = {"pool": kernels.pool_info(), "torch": use_torch, "decode_tokens_per_s": {}}
     if args.decode:
         from models.smollm2 import SmolLM2
-
         from simulator.calibrate import dram_test_bytes, filled
 
         model = SmolLM2(linear="int8", quantize_lm_head=True)
