@@ -1,4 +1,5 @@
-"""Helpers the benchmarks share: percentiles, and timing peers in fresh processes."""
+"""Helpers the benchmarks share: percentiles, rates held to a read taken beside them, and timing peers in fresh
+processes."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,21 @@ def p90(samples):
     """The nearest-rank 90th percentile (of 30 samples: the 27th smallest)."""
     ordered = sorted(samples)
     return ordered[int(0.9 * (len(ordered) - 1))]
+
+
+def beside_reads(run, read_buffer, rounds, also=None):
+    """``rounds`` of ``run()`` (a rate), each followed by the all-core read bandwidth (bytes/s) of ``read_buffer``
+    (``simulator.calibrate.read_bandwidth_of``) and, with ``also``, by ``also()``: the three lists. A VM's memory
+    speed moves within minutes, so each rate is held to the read of its own moment."""
+    from simulator.calibrate import read_bandwidth_of
+
+    rates, reads, others = [], [], []
+    for _ in range(rounds):
+        rates.append(run())
+        reads.append(read_bandwidth_of(read_buffer))
+        if also is not None:
+            others.append(also())
+    return rates, reads, others
 
 
 def alternate_in_fresh_processes(workloads, *, pairs=3, repeats=5):

@@ -76,19 +76,6 @@ def _decode_rate(model, prompt, tokens):
 DECODE_ROUNDS = 3  # decode runs, each followed by an all-core read of a DRAM-sized buffer
 
 
-def _decode_rounds(model, prompt, read_buffer):
-    """DECODE_ROUNDS decode rates (tokens/s), each beside the all-core read bandwidth (bytes/s) measured right after
-    it: a VM's memory speed moves within minutes, so each rate is held to the read of its own moment (as
-    ``test_bench_smollm2.py`` does)."""
-    from simulator.calibrate import read_bandwidth_of
-
-    rates, reads = [], []
-    for _ in range(DECODE_ROUNDS):
-        rates.append(_decode_rate(model, prompt, 48))
-        reads.append(read_bandwidth_of(read_buffer))
-    return rates, reads
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -111,6 +98,7 @@ def main(argv=None):
 
     result = {"pool": kernels.pool_info(), "torch": use_torch, "decode_tokens_per_s": {}}
     if args.decode:
+        from helpers import beside_reads
         from models.smollm2 import SmolLM2
         from simulator.calibrate import dram_test_bytes, filled
 
@@ -118,8 +106,12 @@ def main(argv=None):
         prompt = model.encode("Once upon a time")
         model.generate(prompt, 4)  # compile
         read_buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
+
+        def decode_rounds():  # the rates, each beside a read of its own moment (helpers.beside_reads)
+            return beside_reads(lambda: _decode_rate(model, prompt, 48), read_buffer, DECODE_ROUNDS)[:2]
+
         result["weight_bytes_per_token"] = model.weight_bytes_per_token()
-        result["decode_rounds"] = {"fresh": _decode_rounds(model, prompt, read_buffer)}
+        result["decode_rounds"] = {"fresh": decode_rounds()}
         result["decode_tokens_per_s"]["fresh"] = max(result["decode_rounds"]["fresh"][0])
 
     rng = np.random.default_rng(0)
@@ -135,7 +127,7 @@ def main(argv=None):
             samples[name].append(time.perf_counter() - start)
     result["samples_s"] = samples
     if args.decode:
-        result["decode_rounds"]["after_kernels"] = _decode_rounds(model, prompt, read_buffer)
+        result["decode_rounds"]["after_kernels"] = decode_rounds()
         result["decode_tokens_per_s"]["after_kernels"] = max(result["decode_rounds"]["after_kernels"][0])
     with open(args.out, "w") as f:
         json.dump(result, f)

@@ -27,7 +27,9 @@ from kernels.cpuinfo import cpu_model  # noqa: E402
 from kernels.int8 import _api as int8_api  # noqa: E402
 from models.configs import kv_cache_bytes  # noqa: E402
 from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
-from simulator.calibrate import dram_test_bytes, filled, read_bandwidth_of, read_once  # noqa: E402
+from simulator.calibrate import dram_test_bytes, filled, read_once  # noqa: E402
+
+from helpers import beside_reads  # noqa: E402
 
 PREFILL_TOKENS = 1024
 DECODE_TOKENS = 64
@@ -42,18 +44,6 @@ def read_buffer():
     """The buffer of the all-core reads (``simulator.calibrate.dram_test_bytes``: twice the largest cache), its
     pages mapped once."""
     return filled(dram_test_bytes() // 4, 1.0, np.float32)
-
-
-def _in_turn(run, read_buffer, also=None):
-    """ROUNDS of ``run()`` (a rate), each followed by the all-core read bandwidth (bytes/s) of ``read_buffer``
-    and, with ``also``, by ``also()``: the three lists."""
-    rates, reads, others = [], [], []
-    for _ in range(ROUNDS):
-        rates.append(run())
-        reads.append(read_bandwidth_of(read_buffer))
-        if also is not None:
-            others.append(also())
-    return rates, reads, others
 
 
 def _weights_read_bytes_per_s(model, passes=5):
@@ -94,7 +84,7 @@ def test_decode_tokens_per_second(benchmark, read_buffer, record, linear, quanti
 
     benchmark.pedantic(decode, rounds=3, warmup_rounds=0)
     # decode, the all-core read and a plain read of the same weights, taken in turn (this VM's bandwidth drifts)
-    rates, reads, weights_read = _in_turn(decode, read_buffer, lambda: _weights_read_bytes_per_s(model))
+    rates, reads, weights_read = beside_reads(decode, read_buffer, ROUNDS, lambda: _weights_read_bytes_per_s(model))
     tokens_per_s, read_gbps = float(np.median(rates)), float(np.median(reads)) / 1e9
     prefill_tokens_per_s = PREFILL_TOKENS / min(prefill_s)
     bytes_per_token = model.weight_bytes_per_token()
@@ -130,7 +120,7 @@ def test_decode_tokens_per_second_after_a_long_prompt(benchmark, read_buffer, re
         return len(out) / timings["decode_s"]
 
     benchmark.pedantic(decode, rounds=1, warmup_rounds=0)
-    rates, reads, _ = _in_turn(decode, read_buffer)
+    rates, reads, _ = beside_reads(decode, read_buffer, ROUNDS)
     tokens_per_s, read_gbps = float(np.median(rates)), float(np.median(reads)) / 1e9
     context = prompt_tokens + DECODE_TOKENS // 4  # the mean cache length over the decoded tokens
     kv_bytes = kv_cache_bytes(model.config, context, elem_bytes=4)  # float32 K and V of every layer, read per token

@@ -163,14 +163,16 @@ def _int8_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_ro
 
 @njit(cache=True)
 def gemv(path, x, threshold, w_i8, absmax_w, w_row_sums, y, flags, ahead):
-    """``Int8Linear`` on one vector x (1, K) float32 with the weight kept in int8 only, on the calling thread:
+    """``Int8Linear`` on one vector x (1, K) float32 with the weight kept in int8 only, on the calling thread, where
+    the rows' prefetch is on (``ROW_PREFETCH``; elsewhere ``Int8Linear`` runs ``split_gemv`` there: ``_api``):
     ``prepare``, then ``int8_rows`` over all N outputs (``ahead`` as there); y (N,) float32, flags (K,) bool (the
     outlier features). Bit for bit ``split_gemv``'s result (the same scan, rounding and epilogue; exact int32
     products), with the row kernel's four streams: 2-vCPU AMD EPYC (Zen 4, 32 MiB L3), K = N = 2048, each call on
-    another of 512 weights (from DRAM, as decode meets its layers), alternating three rounds of 21 calls:
-    ``split_gemv`` 0.51-0.53 ms median (7.9-8.3 GB/s of int8 weights; NumPy's float32 GEMV of the same weights
-    streamed: 0.45 ms), this 0.39-0.40 ms (10.5-10.8 GB/s) with the rows' prefetch; without it (``ahead`` = 0, as
-    on AMD now), alternating five rounds of 128 weights with it: 0.27-0.30 ms against 0.31-0.36 (one round 0.16)."""
+    another of 512 weights (from DRAM, as decode meets its layers), alternating three rounds of 21 calls: the
+    ``split_gemv`` of then (four adjacent rows at once, ``_vnni`` v2) 0.51-0.53 ms median (7.9-8.3 GB/s of int8
+    weights; NumPy's float32 GEMV of the same weights streamed: 0.45 ms), this 0.39-0.40 ms (10.5-10.8 GB/s) with
+    the rows' prefetch; without it (``ahead`` = 0), alternating five rounds of 128 weights with it: 0.27-0.30 ms
+    against 0.31-0.36 (one round 0.16)."""
     K = x.shape[1]
     cols = np.empty(K, dtype=np.int64)  # (K,) outlier feature indices, the first J used
     x_o = np.empty((1, K), dtype=np.float32)  # (1, K) their float16 values

@@ -138,25 +138,6 @@ def test_the_row_kernel_gemv_equals_the_blocked_gemv(rng, dot_path, k, n, n_out,
     assert np.flatnonzero(flags_rows).size == n_out
 
 
-@pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])
-def test_one_vector_on_the_calling_thread_takes_either_kernel_alike(rng, dot_path, monkeypatch, ahead):
-    # below 2^24 multiply-adds Int8Linear runs on the calling thread: rows.gemv where the rows' prefetch is on,
-    # the blocked GEMV where it is off (AMD); forced both ways, the bits and the outlier features of the pool's call
-    from kernels.int8 import _api, _numba_cpu, _vnni, rows
-
-    x, w, _ = planted_int8(rng, 1, 577, 130, 3)
-    layer = Int8Linear.from_float(w)
-    monkeypatch.setattr(rows, "ROW_PREFETCH", ahead)
-    y, outliers = layer(x, return_outliers=True)
-    expected, flags = np.empty((1, 130), np.float32), np.empty(577, np.bool_)
-    kernel_args = (x, np.float32(layer.threshold), layer.weight.w_i8, layer.weight.absmax)
-    if _api.USE_VNNI:
-        _vnni.split_gemv(*kernel_args, layer.weight.w_row_sums, expected, flags)
-    else:
-        _numba_cpu.split_gemv(*kernel_args, expected, flags)
-    assert np.array_equal(y, expected) and np.array_equal(outliers, np.flatnonzero(flags)) and outliers.size == 3
-
-
 CASES = [(1, 64, 32, 0), (1, 4096, 96, 3), (17, 300, 130, 1), (64, 257, 64, 7), (5, 40, 33, 40)]
 
 
