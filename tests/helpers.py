@@ -1,7 +1,7 @@
 """Helpers the test files share (imported as ``tests.helpers``; ``pythonpath = .`` in setup.cfg makes ``pytest``
 and ``python -m pytest`` alike find it): the comparison with an oracle under ``kernels.tolerances``, attention done
-plainly in low precision, the inputs and bad calls that several tiers' tests reuse, and a block on a set number
-of Numba threads."""
+plainly in low precision, the inputs and bad calls that several tiers' tests reuse, a block on a set number of
+Numba threads, and the flags of the memory mapping that holds an address."""
 from __future__ import annotations
 
 import contextlib
@@ -148,3 +148,17 @@ def numba_threads(n):
         yield
     finally:
         numba.set_num_threads(before)
+
+
+def vm_flags(address):
+    """The VmFlags of the memory mapping that holds ``address`` (Linux's /proc/self/smaps; proc(5))."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:  # a mapping's first line: "lo-hi perms offset ..."
+                lo, hi = (int(part, 16) for part in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")

@@ -73,6 +73,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, home_block, wait_until
+from .._common.memory import huge_page_empty
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
@@ -622,13 +623,14 @@ def _arena(per_kind):
     that each thread streams ascending memory through the token. Returns the arena, the element offset of each
     (block, linear) (L, 4), and the per-kind (L, out, in) views of it. A plain read of SmolLM2's int8 weights in
     one region, in the step's order, each linear's weight split in two halves, one per thread (2-vCPU Xeon): 27.4
-    GB/s from four stacks, one per kind, 28.0-29.0 from the arena."""
+    GB/s from four stacks, one per kind, 28.0-29.0 from the arena. The arena lies on huge pages
+    (``kernels._common.memory.huge_page_empty``, with the evidence)."""
     L = len(per_kind[0])
     shapes = [weights[0].shape for weights in per_kind]  # (out, in) per kind
     sizes = [o * k for o, k in shapes]
     block = sum(sizes)
     offsets = np.cumsum([0] + sizes[:-1])  # of each linear inside a block
-    arena = np.empty(L * block, dtype=per_kind[0][0].dtype)
+    arena = huge_page_empty(L * block, per_kind[0][0].dtype)
     starts = np.empty((L, len(per_kind)), dtype=np.int64)
     for i in range(L):
         for j, weights in enumerate(per_kind):

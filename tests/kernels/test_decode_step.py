@@ -3,6 +3,8 @@ public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for
 within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from numba import njit, prange
@@ -11,12 +13,13 @@ from kernels import decode
 from kernels.decode import _step
 from kernels.decode._fused import PIECE_SLOTS
 from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, wait_until
+from kernels._common.memory import HUGE_PAGE_BYTES
 from kernels._common.prefetch import PREFETCH_ROWS, row_prefetch_rows
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
 from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
 
-from tests.helpers import assert_close, numba_threads
+from tests.helpers import assert_close, numba_threads, vm_flags
 
 PATHS = ["loop"] + (["vnni"] if _vnni.AVAILABLE else [])
 
@@ -411,3 +414,11 @@ def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng
         view = step.stacks[name][0] if int8 else step.stacks[name]
         assert np.shares_memory(view, step.block_weights)
         assert all(np.array_equal(view[i], (layers[i][j].weight.w_i8 if int8 else layers[i][j])) for i in range(3))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are advised on Linux only")
+def test_the_blocks_weights_lie_on_huge_pages(rng):
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 6.0)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    assert step.block_weights.ctypes.data % HUGE_PAGE_BYTES == 0
+    assert "hg" in vm_flags(step.block_weights.ctypes.data)

@@ -1,0 +1,38 @@
+"""kernels._common.memory.huge_page_empty: arrays that a kernel streams, on memory advised for huge pages."""
+from __future__ import annotations
+
+import mmap
+import sys
+
+import numpy as np
+import pytest
+
+from kernels._common.memory import HUGE_PAGE_BYTES, huge_page_empty
+
+from tests.helpers import vm_flags
+
+ADVISES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 4099, 2**20 + 3])
+def test_the_array_is_writeable_contiguous_and_starts_on_a_huge_page(rng, n, dtype):
+    a = huge_page_empty(n, dtype)
+    assert a.shape == (n,) and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    values = rng.integers(-128, 128, n).astype(dtype)  # within every dtype's range
+    a[:] = values
+    assert np.array_equal(a, values)
+    if ADVISES:
+        assert a.ctypes.data % HUGE_PAGE_BYTES == 0
+
+
+@pytest.mark.skipif(not ADVISES, reason="madvise(MADV_HUGEPAGE) and /proc/self/smaps are Linux's")
+def test_the_memory_is_advised_for_huge_pages():
+    a = huge_page_empty(3 * HUGE_PAGE_BYTES // 4 + 5, np.float32)
+    for address in (a.ctypes.data, a.ctypes.data + a.nbytes - 1):
+        assert "hg" in vm_flags(address)  # "hg: huge page advise flag" (proc(5))
+
+
+def test_no_elements_gives_an_empty_array():
+    a = huge_page_empty(0, np.float32)
+    assert a.shape == (0,) and a.dtype == np.float32
