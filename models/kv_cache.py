@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.decode import huge_page_empty
+
 
 class KVCache:
     """K and V of every layer, ``keys``/``values`` (L, Hkv, capacity, d) float32, the first ``lengths[layer]``
@@ -25,8 +27,10 @@ class KVCache:
         self.lengths = [0] * n_layers
 
     def _allocate(self, n_layers, n_kv_heads, capacity, head_dim):
-        self.keys = np.empty((n_layers, n_kv_heads, capacity, head_dim), dtype=np.float32)  # (L, Hkv, cap, d)
-        self.values = np.empty_like(self.keys)  # (L, Hkv, cap, d)
+        # on huge pages (``kernels.decode.huge_page_empty``): a decode step reads the whole cache at each token
+        shape = (n_layers, n_kv_heads, capacity, head_dim)
+        self.keys = huge_page_empty(int(np.prod(shape)), np.float32).reshape(shape)  # (L, Hkv, cap, d)
+        self.values = huge_page_empty(self.keys.size, np.float32).reshape(shape)  # (L, Hkv, cap, d)
         self.k, self.v = list(self.keys), list(self.values)  # per layer (Hkv, cap, d) views
 
     def __len__(self):

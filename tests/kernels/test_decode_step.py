@@ -418,7 +418,8 @@ def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are advised on Linux only")
 def test_the_blocks_weights_lie_on_huge_pages(rng):
-    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 6.0)
-    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    layers, an, fn, final, head = _model(rng, 3, 4, 2, 64, 1024, 77, True, True, 6.0)  # 2.9 MB of int8 weights
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=64, eps=1e-5)
+    assert step.block_weights.nbytes >= HUGE_PAGE_BYTES
     assert step.block_weights.ctypes.data % HUGE_PAGE_BYTES == 0
     assert "hg" in vm_flags(step.block_weights.ctypes.data)

@@ -1,11 +1,15 @@
 """The model code on a tiny random-weight configuration: no download, fast."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from models import ModelConfig
 from models.smollm2 import SmolLM2, cache_policy
+
+from tests.helpers import vm_flags
 
 TINY = ModelConfig("tiny", "llama", n_layers=2, hidden=32, intermediate=64, n_heads=4, n_kv_heads=2, vocab=50,
                    tied_embeddings=True, rope_base=100000.0)
@@ -146,3 +150,19 @@ def test_a_growing_cache_keeps_k_and_v_alike():
     cache.append(0, block, 2 * block)
     assert cache.k[0].shape == cache.v[0].shape == (3, 8, 4)
     assert np.array_equal(cache[0][1], 2 * block)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are advised on Linux only")
+def test_a_large_cache_lies_on_huge_pages_and_keeps_them_when_it_grows_or_is_copied(rng):
+    from kernels._common.memory import HUGE_PAGE_BYTES
+    from models.kv_cache import KVCache
+
+    cache = KVCache(2, 3, 64, capacity=1500)  # 2.3 MB each for K and V
+    k, v = (rng.standard_normal((3, 1500, 64), dtype=np.float32) for _ in range(2))
+    cache.append(1, k, v)
+    cache.append(1, k[:, :1], v[:, :1])  # past the capacity: twice the size
+    for c in (cache, cache.copy()):
+        assert c.capacity() == 3000
+        assert np.array_equal(c[1][0][:, :1500], k) and np.array_equal(c[1][1][:, 1500], v[:, 0])
+        for a in (c.keys, c.values):
+            assert a.ctypes.data % HUGE_PAGE_BYTES == 0 and "hg" in vm_flags(a.ctypes.data)
