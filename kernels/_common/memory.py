@@ -59,7 +59,10 @@ def huge_page_empty(n: int, dtype) -> np.ndarray:
     if n_bytes < HUGE_PAGE_BYTES or advice is None:
         return np.empty(n, dtype=dtype)
     region = mmap.mmap(-1, n_bytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(advice)  # before the first touch: the pages are huge from their first fault
+    try:
+        region.madvise(advice)  # before the first touch: the pages are huge from their first fault
+    except OSError:  # a kernel without transparent huge pages refuses the advice (EINVAL): 4 KiB pages then
+        pass
     raw = np.frombuffer(region, dtype=np.uint8)  # holds the mapping
     start = -raw.ctypes.data % HUGE_PAGE_BYTES
     return raw[start:start + n_bytes].view(dtype)

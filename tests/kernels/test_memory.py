@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from kernels._common import memory
 from kernels._common.memory import HUGE_PAGE_BYTES, huge_page_empty
 
 from tests.helpers import vm_flags
@@ -36,3 +37,20 @@ def test_the_memory_is_advised_for_huge_pages():
 def test_no_elements_gives_an_empty_array():
     a = huge_page_empty(0, np.float32)
     assert a.shape == (0,) and a.dtype == np.float32
+
+
+@pytest.mark.skipif(not ADVISES, reason="madvise(MADV_HUGEPAGE) is Linux's")
+def test_an_os_that_refuses_the_advice_still_gets_its_array(rng, monkeypatch):
+    class Refusing(mmap.mmap):  # a kernel built without transparent huge pages answers EINVAL
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+    class Module:  # the mmap module as memory.py uses it, with the refusing mapping
+        MADV_HUGEPAGE, MAP_PRIVATE, MAP_ANONYMOUS = mmap.MADV_HUGEPAGE, mmap.MAP_PRIVATE, mmap.MAP_ANONYMOUS
+        mmap = Refusing
+
+    monkeypatch.setattr(memory, "mmap", Module)
+    a = huge_page_empty(HUGE_PAGE_BYTES + 5, np.int8)
+    values = rng.integers(-128, 128, a.size).astype(np.int8)
+    a[:] = values
+    assert a.flags.writeable and np.array_equal(a, values)
