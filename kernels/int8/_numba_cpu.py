@@ -166,17 +166,34 @@ def round_to_float16_in_software(v):
 
 
 @njit(inline="always")
+def _count_at_least(x, threshold):
+    """How many values of x (M, K) have |x| >= threshold."""
+    hits = 0
+    for m in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            hits += abs(x[m, k]) >= threshold
+    return hits
+
+
+@njit(inline="always")
 def _outlier_columns(x, threshold, flags, cols):
     """Step 1 of ``split_gemv``: flags[k] = any_m |x[m, k]| >= threshold (none for a threshold of 0), their
     indices in cols[:J]; returns J."""
     M, K = x.shape
+    # a count first, without branches (LLVM vectorizes it), since most decode inputs have no outlier. One row, 2-vCPU
+    # AMD EPYC (Zen 4), in fresh processes: without outliers K = 576 0.80-1.23 -> 0.07 us, K = 1536 2.2-2.6 ->
+    # 0.13 us (the scan below alone, a branch per value, took longer than the rest of the quantization); with two or
+    # seven, 0.81-0.93 -> 0.81-1.13 us and 2.2-3.4 -> 2.2-2.9 us (the count, then the same scan)
+    if not threshold > 0 or _count_at_least(x, threshold) == 0:
+        for k in range(K):
+            flags[k] = False
+        return 0
     J = 0
     for k in range(K):
         flags[k] = False
-        if threshold > 0:
-            for m in range(M):
-                if abs(x[m, k]) >= threshold:
-                    flags[k] = True
+        for m in range(M):
+            if abs(x[m, k]) >= threshold:
+                flags[k] = True
         if flags[k]:
             cols[J] = k
             J += 1
