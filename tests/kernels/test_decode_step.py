@@ -159,6 +159,21 @@ def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path, r
         assert np.array_equal(step(x, cos, sin, keys, values, [3, 1]), ref)
 
 
+def test_a_threshold_set_after_the_step_was_made_is_used_at_the_next_call(rng):
+    # the step reads its linears' thresholds at each call, as the per-layer path does
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 0.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    cos, sin = np.ones(4, np.float32), np.zeros(4, np.float32)
+    for threshold in (0.5, 0.0, 2.0):
+        for linear in [w for block in layers for w in block] + [head]:
+            linear.threshold = threshold
+        keys, values = (rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for _ in range(2))
+        x = (2 * rng.standard_normal(32)).astype(np.float32)
+        ref = _per_layer(layers, an, fn, final, head, x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1], 8,
+                         1e-5)[0]
+        assert np.array_equal(step(x, cos, sin, keys, values, [3, 1]), ref)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_step_counts_the_outlier_products_its_int8_linears_meet(rng, monkeypatch, threads):
     # per call: each int8 linear's outputs times its input's features of |v| >= threshold (LLM.int8()'s float16 part)
