@@ -5,6 +5,9 @@ Numba threads, and the flags of the memory mapping that holds an address."""
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
+import sys
 
 import numpy as np
 
@@ -148,6 +151,13 @@ def numba_threads(n):
         yield
     finally:
         numba.set_num_threads(before)
+
+
+# whether this OS advises huge pages (``kernels._common.memory.huge_page_empty``): Linux built with transparent huge
+# pages (its sysfs directory; Linux kernel documentation, admin-guide/mm/transhuge.rst)
+HUGE_PAGES = (sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+              and os.path.isdir("/sys/kernel/mm/transparent_hugepage"))
+NO_HUGE_PAGES = "no transparent huge pages here (Linux's madvise(MADV_HUGEPAGE) and its sysfs directory)"
 
 
 def vm_flags(address):

@@ -3,8 +3,6 @@ public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for
 within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 from numba import njit, prange
@@ -19,7 +17,7 @@ from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni
 from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
 
-from tests.helpers import assert_close, numba_threads, vm_flags
+from tests.helpers import HUGE_PAGES, NO_HUGE_PAGES, assert_close, numba_threads, vm_flags
 
 PATHS = ["loop"] + (["vnni"] if _vnni.AVAILABLE else [])
 
@@ -431,7 +429,7 @@ def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng
         assert all(np.array_equal(view[i], (layers[i][j].weight.w_i8 if int8 else layers[i][j])) for i in range(3))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are advised on Linux only")
+@pytest.mark.skipif(not HUGE_PAGES, reason=NO_HUGE_PAGES)
 def test_the_blocks_weights_lie_on_huge_pages(rng):
     layers, an, fn, final, head = _model(rng, 3, 4, 2, 64, 1024, 77, True, True, 6.0)  # 2.9 MB of int8 weights
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=64, eps=1e-5)

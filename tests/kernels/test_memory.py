@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import mmap
-import sys
 
 import numpy as np
 import pytest
@@ -10,9 +9,7 @@ import pytest
 from kernels._common import memory
 from kernels._common.memory import HUGE_PAGE_BYTES, huge_page_empty
 
-from tests.helpers import vm_flags
-
-ADVISES = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+from tests.helpers import HUGE_PAGES, NO_HUGE_PAGES, vm_flags
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.float32, np.float64])
@@ -23,11 +20,11 @@ def test_the_array_is_writeable_contiguous_and_a_large_one_starts_on_a_huge_page
     values = rng.integers(-128, 128, n).astype(dtype)  # within every dtype's range
     a[:] = values
     assert np.array_equal(a, values)
-    if ADVISES and a.nbytes >= HUGE_PAGE_BYTES:  # a smaller one is np.empty's
+    if HUGE_PAGES and a.nbytes >= HUGE_PAGE_BYTES:  # a smaller one is np.empty's
         assert a.ctypes.data % HUGE_PAGE_BYTES == 0
 
 
-@pytest.mark.skipif(not ADVISES, reason="madvise(MADV_HUGEPAGE) and /proc/self/smaps are Linux's")
+@pytest.mark.skipif(not HUGE_PAGES, reason=NO_HUGE_PAGES)
 def test_the_memory_is_advised_for_huge_pages():
     a = huge_page_empty(3 * HUGE_PAGE_BYTES // 4 + 5, np.float32)
     for address in (a.ctypes.data, a.ctypes.data + a.nbytes - 1):
@@ -39,7 +36,7 @@ def test_no_elements_gives_an_empty_array():
     assert a.shape == (0,) and a.dtype == np.float32
 
 
-@pytest.mark.skipif(not ADVISES, reason="madvise(MADV_HUGEPAGE) is Linux's")
+@pytest.mark.skipif(not HUGE_PAGES, reason=NO_HUGE_PAGES)
 def test_an_os_that_refuses_the_advice_still_gets_its_array(rng, monkeypatch):
     class Refusing(mmap.mmap):  # a kernel built without transparent huge pages answers EINVAL
         def madvise(self, *args):

@@ -1,15 +1,13 @@
 """The model code on a tiny random-weight configuration: no download, fast."""
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
 from models import ModelConfig
 from models.smollm2 import SmolLM2, cache_policy
 
-from tests.helpers import vm_flags
+from tests.helpers import HUGE_PAGES, NO_HUGE_PAGES, vm_flags
 
 TINY = ModelConfig("tiny", "llama", n_layers=2, hidden=32, intermediate=64, n_heads=4, n_kv_heads=2, vocab=50,
                    tied_embeddings=True, rope_base=100000.0)
@@ -152,7 +150,7 @@ def test_a_growing_cache_keeps_k_and_v_alike():
     assert np.array_equal(cache[0][1], 2 * block)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are advised on Linux only")
+@pytest.mark.skipif(not HUGE_PAGES, reason=NO_HUGE_PAGES)
 def test_a_large_cache_lies_on_huge_pages_and_keeps_them_when_it_grows_or_is_copied(rng):
     from kernels._common.memory import HUGE_PAGE_BYTES
     from models.kv_cache import KVCache
