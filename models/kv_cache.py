@@ -29,8 +29,9 @@ class KVCache:
     def _allocate(self, n_layers, n_kv_heads, capacity, head_dim):
         # on huge pages (``kernels.decode.huge_page_empty``): a decode step reads the whole cache at each token
         shape = (n_layers, n_kv_heads, capacity, head_dim)
-        self.keys = huge_page_empty(int(np.prod(shape)), np.float32).reshape(shape)  # (L, Hkv, cap, d)
-        self.values = huge_page_empty(self.keys.size, np.float32).reshape(shape)  # (L, Hkv, cap, d)
+        n = int(np.prod(shape))
+        self.keys = huge_page_empty(n, np.float32).reshape(shape)  # (L, Hkv, cap, d)
+        self.values = huge_page_empty(n, np.float32).reshape(shape)  # (L, Hkv, cap, d)
         self.k, self.v = list(self.keys), list(self.values)  # per layer (Hkv, cap, d) views
 
     def __len__(self):
