@@ -1,5 +1,6 @@
-"""Test fixtures: fresh random inputs, the SmolLM2 GGUF, and Numba's CUDA simulator where there is no GPU (shared
-helpers that are not fixtures live in tests/helpers.py)."""
+"""Test fixtures: fresh random inputs, the SmolLM2 GGUF, Numba's CUDA simulator where there is no GPU, and the
+``alone`` marker for a test that times the machine while pytest-xdist runs the others (shared helpers that are not
+fixtures live in tests/helpers.py)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,21 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and not (os.path.exists("/dev/nvidia
 
 import numpy as np
 import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: the test times this machine, so no other test runs meanwhile (under "
+                                       "pytest-xdist the other workers wait: tests.helpers.session_lock)")
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_together(request, tmp_path_factory):
+    """A test marked ``alone`` runs while the other pytest-xdist workers wait; the others side by side
+    (``tests.helpers.session_lock``)."""
+    from tests.helpers import session_lock
+
+    with session_lock(tmp_path_factory, request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture

@@ -42,6 +42,7 @@ def _seconds_per_token(model):
     return min(times), len(prompt) + (len(out) - 1) // 2
 
 
+@pytest.mark.alone  # it times the machine: under pytest-xdist, no other test meanwhile
 @pytest.mark.parametrize("linear, quantize_lm_head", [("fp32", False), ("int8", True)], ids=["fp32", "int8-head"])
 def test_the_predicted_decode_token_is_within_a_quarter_of_the_measured(gguf_path, linear, quantize_lm_head):
     if linear == "fp32" and not {"avx2", "fma"} <= target_features():

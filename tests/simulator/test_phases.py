@@ -19,6 +19,8 @@ from kernels.attn._api import _split_count
 from simulator.costs import phases
 from simulator.costs.phases import PhaseRates
 
+from tests.helpers import session_lock
+
 # A machine of round numbers, for the tests that check the model's structure (none of them is this machine's)
 RATES = PhaseRates(
     threads=2, llc_bytes=64 * 2**20, reduce_llc=20e9, reduce_dram=10e9, update_llc=60e9, update_dram=30e9,
@@ -366,8 +368,9 @@ def validation(tmp_path_factory):
         pytest.skip("opt-in (IOAWARE_VALIDATE=1): predicted against measured time on this machine within 25%, which "
                     "a shared VM's drift between runs exceeds")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "IOAWARE_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
-    run = subprocess.run([sys.executable, "-c", VALIDATION], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=600)
+    with session_lock(tmp_path_factory, alone=True):  # no other test of an xdist run meanwhile
+        run = subprocess.run([sys.executable, "-c", VALIDATION], capture_output=True, text=True, env=env, cwd=ROOT,
+                             timeout=600)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
 
