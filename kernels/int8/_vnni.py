@@ -241,6 +241,79 @@ def micro_tile(typingctx, x_u8, m0, panel, tile):
     return types.none(x_u8, m0, panel, tile), codegen
 
 
+_F32 = ir.FloatType()
+_FLOATS = ir.VectorType(_F32, LANES)
+_MASK = ir.VectorType(ir.IntType(1), LANES)
+
+
+def _masked(builder, name, fn_type, args):
+    return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
+
+
+@intrinsic
+def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
+    """``_numba_cpu._plus_outliers`` for the ``count`` (1 to 16) outputs n0 .. n0 + count − 1 at once, in place:
+    y[n] += Σ_j x_o[0, j] · float16(w[n, cols[j]] · absmax_w[n] / 127), over j < J in order, one output per lane.
+
+    Each lane does what the scalar code does, in the same order (the float32 product, the rounding to binary16 and
+    back, the product with the feature's value, the sum), so the outputs are bit for bit the scalar ones; 16 at
+    once, where LLVM kept the scalar loop scalar. A step of j gathers the 16 weights of column cols[j] (16 loads of
+    a byte, rows K apart). Lanes past ``count`` read row n0 and write nothing. y, absmax_w (N,) float32, x_o (1, K)
+    float32, cols (K,) int64, w_flat the (N, K) int8 weight's flat view."""
+    arrays = (y, absmax_w, x_o, cols, w_flat)
+    if not (all(_is_c_array(a) for a in arrays) and all(isinstance(i, types.Integer) for i in (n0, count, J, K))):
+        return None
+
+    def codegen(context, builder, signature, args):
+        y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t, w_t, K_t = signature.args
+        i64 = ir.IntType(64)
+
+        def data(array_type, value):
+            return context.make_array(array_type)(context, builder, value).data
+
+        n0_v = context.cast(builder, args[1], n0_t, types.int64)
+        count_v = context.cast(builder, args[2], count_t, types.int64)
+        K_v = context.cast(builder, args[8], K_t, types.int64)
+        lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
+        splat_count = builder.shuffle_vector(builder.insert_element(ir.Constant(lanes.type, None), count_v, _I32(0)),
+                                             ir.Constant(lanes.type, None), ir.Constant(_VEC, [0] * LANES))
+        mask = builder.icmp_unsigned("<", lanes, splat_count)  # lane l is output n0 + l when l < count
+        masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
+        y_p = builder.bitcast(builder.gep(data(y_t, args[0]), [n0_v]), _FLOATS.as_pointer())
+        a_p = builder.bitcast(builder.gep(data(a_t, args[3]), [n0_v]), _FLOATS.as_pointer())
+        ones = ir.Constant(_FLOATS, [1.0] * LANES)
+        acc = cgutils.alloca_once_value(builder, _masked(builder, "llvm.masked.load.v16f32.p0", masked_load,
+                                                         [y_p, _I32(4), mask, ones]))
+        absmax = _masked(builder, "llvm.masked.load.v16f32.p0", masked_load, [a_p, _I32(4), mask, ones])
+        step = builder.fdiv(absmax, ir.Constant(_FLOATS, [float(QMAX)] * LANES))  # absmax_w[n] / 127, per lane
+        w_data = builder.bitcast(data(w_t, args[7]), ir.IntType(8).as_pointer())
+        last = builder.sub(count_v, ir.Constant(i64, 1))
+        rows = []  # &w[n0 + min(l, count − 1), 0]
+        for lane in range(LANES):
+            r = builder.select(builder.icmp_signed("<", ir.Constant(i64, lane), count_v), ir.Constant(i64, lane), last)
+            rows.append(builder.gep(w_data, [builder.mul(builder.add(n0_v, r), K_v)]))
+        cols_p, xo_p = data(cols_t, args[5]), data(xo_t, args[4])
+        J_v = context.cast(builder, args[6], J_t, types.int64)
+        with cgutils.for_range(builder, J_v) as loop:
+            j = loop.index
+            c = builder.load(builder.gep(cols_p, [j]))
+            xj = builder.load(builder.gep(xo_p, [j]))
+            w = ir.Constant(ir.VectorType(ir.IntType(8), LANES), None)
+            for lane in range(LANES):
+                w = builder.insert_element(w, builder.load(builder.gep(rows[lane], [c])), _I32(lane))
+            scaled = builder.fmul(builder.sitofp(w, _FLOATS), step)  # float32(w[n, c]) · step
+            rounded = builder.fpext(builder.fptrunc(scaled, ir.VectorType(ir.HalfType(), LANES)), _FLOATS)
+            splat_x = builder.shuffle_vector(builder.insert_element(ir.Constant(_FLOATS, None), xj, _I32(0)),
+                                             ir.Constant(_FLOATS, None), ir.Constant(_VEC, [0] * LANES))
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(splat_x, rounded)), acc)
+        _masked(builder, "llvm.masked.store.v16f32.p0",
+                ir.FunctionType(ir.VoidType(), [_FLOATS, _FLOATS.as_pointer(), _I32, _MASK]),
+                [builder.load(acc), y_p, _I32(4), mask])
+        return context.get_dummy_value()
+
+    return types.none(y, n0, count, absmax_w, x_o, cols, J, w_flat, K), codegen
+
+
 # -- kernels ---------------------------------------------------------------------------------------------------
 @njit(inline="always")
 def _corrected(sum_u8, row_sum):

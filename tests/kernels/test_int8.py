@@ -98,6 +98,41 @@ def test_the_dot_product_path_runs_vpdpbusd(rng):
         assert "vpdpbusd" in fresh.inspect_asm(kernel.signatures[0])
 
 
+@pytest.mark.parametrize("count", [1, 7, 15, 16])
+@pytest.mark.parametrize("J", [0, 1, 5])
+@pytest.mark.parametrize("where", ["middle", "last rows"])
+def test_sixteen_outputs_outlier_products_equal_the_scalar_ones_bit_for_bit(rng, count, J, where):
+    from numba import njit
+
+    from kernels.int8 import _vnni
+    from kernels.int8._numba_cpu import _plus_outliers
+
+    if not _vnni.AVAILABLE:
+        pytest.skip(f"Numba's target CPU lacks {', '.join(_vnni.REQUIRED_FEATURES)}: the vpdpbusd path that uses "
+                    "plus_outliers16 does not run here")
+
+    @njit
+    def vector(y, n0, count, absmax_w, x_o, cols, J, w):
+        _vnni.plus_outliers16(y, n0, count, absmax_w, x_o, cols, J, w.reshape(-1), w.shape[1])
+
+    @njit
+    def scalar(y, n0, count, absmax_w, x_o, cols, J, w):
+        for n in range(n0, n0 + count):
+            y[n] = _plus_outliers(y[n], 0, n, absmax_w, x_o[:, :J], cols[:J], w)
+
+    N, K = 40, 23
+    n0 = 19 if where == "middle" else N - count  # outputs after the group, or the group ending at the last row
+    w = rng.integers(-127, 128, (N, K), dtype=np.int8)
+    absmax_w = rng.uniform(0.01, 3.0, N).astype(np.float32)
+    x_o = (rng.standard_normal((1, K)) * 20).astype(np.float32)
+    cols = rng.permutation(K).astype(np.int64)
+    stored = rng.standard_normal(N + 16).astype(np.float32)  # y and 16 values after it, which no lane may write
+    expected = stored.copy()
+    scalar(expected[:N], n0, count, absmax_w, x_o, cols, J, w)
+    vector(stored[:N], n0, count, absmax_w, x_o, cols, J, w)
+    assert np.array_equal(stored.view(np.uint32), expected.view(np.uint32))
+
+
 @pytest.mark.parametrize("env, expected", [({"NUMBA_CPU_NAME": "generic"}, False),
                                            ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma"}, False),
                                            ({"NUMBA_CPU_NAME": "icelake-server",
