@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import zlib
 
 # The Numba-CUDA tier runs under Numba's CUDA simulator where this machine has no NVIDIA GPU (the CI): Numba reads
@@ -22,13 +23,28 @@ def pytest_configure(config):
                                        "pytest-xdist the other workers wait: tests.helpers.session_lock)")
 
 
-@pytest.fixture(autouse=True)
-def _alone_or_together(request, tmp_path_factory):
-    """A test marked ``alone`` runs while the other pytest-xdist workers wait; the others side by side
-    (``tests.helpers.session_lock``)."""
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist's controller, per worker: the directory of the session's test lock, one for all workers."""
+    if not hasattr(node.config, "_ioaware_lock_dir"):
+        node.config._ioaware_lock_dir = tempfile.mkdtemp(prefix="ioaware-test-lock-")
+    node.workerinput["ioaware_lock_dir"] = node.config._ioaware_lock_dir
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "_ioaware_lock_dir"):
+        shutil.rmtree(config._ioaware_lock_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test marked ``alone`` runs while the other pytest-xdist workers wait, the others side by side
+    (``tests.helpers.session_lock``), each from the setup of its fixtures, those of a module or the session
+    included, to their teardown."""
     from tests.helpers import session_lock
 
-    with session_lock(tmp_path_factory, request.node.get_closest_marker("alone") is not None):
+    directory = getattr(item.config, "workerinput", {}).get("ioaware_lock_dir")
+    with session_lock(directory, item.get_closest_marker("alone") is not None):
         yield
 
 

@@ -9,6 +9,7 @@ import contextlib
 import mmap
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -175,42 +176,28 @@ def vm_flags(address):
     raise AssertionError(f"no mapping holds {address:#x}")
 
 
-_SESSION_LOCK = {"depth": 0, "alone": False}  # this process's hold on the session's test lock (``session_lock``)
-
-
 @contextlib.contextmanager
-def session_lock(tmp_path_factory, alone):
+def session_lock(directory, alone):
     """Under pytest-xdist (the README's ``-n auto``): while a test that times the machine runs (``alone``), the
-    other workers wait; other tests run side by side. Every test holds a shared lock on a file that all workers
-    see; an ``alone`` one holds it exclusively. A second file, the gate, keeps an ``alone`` test from waiting forever:
-    it holds the gate while it waits for the running tests to end, and a test takes the gate, briefly, before its
+    other workers wait; other tests run side by side. Each test, from the setup of its fixtures to their teardown,
+    holds a shared lock on a file in ``directory``, which all workers see (``conftest.pytest_runtest_protocol``); an
+    ``alone`` one holds it exclusively. A second file, the gate, keeps an ``alone`` test from waiting forever: it
+    holds the gate while it waits for the running tests to end, and a test takes the gate, briefly, before its
     shared lock, so that none starts meanwhile (flock lets a shared lock in beside one that waits for exclusive
-    use). Re-entrant within a process (a fixture that times the machine, then its tests). Without xdist there is
-    one test at a time anyway, and nothing to lock."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    use). ``directory`` None (no xdist: one test at a time anyway): nothing to lock."""
+    if directory is None:
         yield
-        return
-    if _SESSION_LOCK["depth"]:
-        if alone and not _SESSION_LOCK["alone"]:
-            raise RuntimeError("a test that times the machine asked for the session alone from within a shared hold")
-        _SESSION_LOCK["depth"] += 1
-        try:
-            yield
-        finally:
-            _SESSION_LOCK["depth"] -= 1
         return
     import fcntl  # POSIX, where xdist runs these tests
 
-    root = tmp_path_factory.getbasetemp().parent  # the session's directory, which its workers share (xdist's own)
-    with open(root / "tests.gate", "a") as gate, open(root / "tests.lock", "a") as lock:
+    directory = Path(directory)
+    with open(directory / "tests.gate", "a") as gate, open(directory / "tests.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        _SESSION_LOCK.update(depth=1, alone=alone)
         try:
             yield
         finally:
-            _SESSION_LOCK.update(depth=0, alone=False)
             fcntl.flock(lock, fcntl.LOCK_UN)
             fcntl.flock(gate, fcntl.LOCK_UN)

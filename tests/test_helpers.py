@@ -34,11 +34,9 @@ def test_round_to_bfloat16_keeps_8_significant_bits_ties_to_even(rng):
 # ``session_lock`` held by a process of its own, as an xdist worker holds it: "held" once it has the lock, and it
 # lets go at a line on its standard input
 _HOLDER = """
-import os, pathlib, sys, types
-os.environ["PYTEST_XDIST_WORKER"] = "gw0"
+import sys
 from tests.helpers import session_lock
-factory = types.SimpleNamespace(getbasetemp=lambda: pathlib.Path(sys.argv[1]) / "basetemp")
-with session_lock(factory, alone=sys.argv[2] == "alone"):
+with session_lock(sys.argv[1], alone=sys.argv[2] == "alone"):
     print("held", flush=True)
     sys.stdin.readline()
 """
@@ -78,3 +76,51 @@ def test_a_test_that_runs_alone_waits_for_the_others_and_holds_back_new_ones(tmp
     _let_go(alone)
     assert _holds(late, 60)
     _let_go(late)
+
+
+_LOGGED = '''
+import time
+import pytest
+
+def log(name, start):
+    with open({log!r}, "a") as f:
+        f.write(f"{{name}} {{start}} {{time.monotonic()}}\\n")
+'''
+
+
+def test_under_xdist_no_other_test_or_fixture_runs_beside_an_alone_test(tmp_path):
+    # this conftest's hooks in a session of two workers: a module fixture and a test of one file, an alone test of
+    # another, each logging when it ran; nothing may overlap the alone test
+    log = tmp_path / "log.txt"
+    (tmp_path / "conftest.py").write_text("from tests.conftest import (pytest_configure, pytest_configure_node, "
+                                          "pytest_runtest_protocol, pytest_unconfigure)\n")
+    (tmp_path / "test_together.py").write_text(_LOGGED.format(log=str(log)) + '''
+@pytest.fixture(scope="module")
+def slow_setup():
+    start = time.monotonic()
+    time.sleep(1.0)
+    log("fixture", start)
+
+@pytest.mark.parametrize("i", range(3))
+def test_together(slow_setup, i):
+    start = time.monotonic()
+    time.sleep(0.3)
+    log("together", start)
+''')
+    (tmp_path / "test_alone.py").write_text(_LOGGED.format(log=str(log)) + '''
+@pytest.mark.parametrize("i", range(2))
+@pytest.mark.alone
+def test_alone(i):
+    start = time.monotonic()
+    time.sleep(0.5)
+    log("alone", start)
+''')
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                          "loadfile", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    spans = [(name, float(a), float(b)) for name, a, b in (line.split() for line in log.read_text().splitlines())]
+    assert sorted(name for name, _, _ in spans) == ["alone", "alone", "fixture", "together", "together", "together"]
+    for name, a, b in spans:
+        if name == "alone":
+            assert not [other for other in spans if other[0] != "alone" and other[1] < b and a < other[2]], spans
