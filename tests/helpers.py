@@ -178,7 +178,7 @@ def vm_flags(address):
 
 @contextlib.contextmanager
 def session_lock(directory, alone):
-    """Under pytest-xdist (the README's ``-n auto``): while a test that times the machine runs (``alone``), the
+    """Under pytest-xdist (the README's ``-n logical``): while a test that times the machine runs (``alone``), the
     other workers wait; other tests run side by side. Each test, from the setup of its fixtures to their teardown,
     holds a shared lock on a file in ``directory``, which all workers see (``conftest.pytest_runtest_protocol``); an
     ``alone`` one holds it exclusively. A second file, the gate, keeps an ``alone`` test from waiting forever: it

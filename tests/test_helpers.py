@@ -117,7 +117,8 @@ def test_alone(i):
 ''')
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
                           "loadfile", str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+                              "PYTHONPATH": str(ROOT)}, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     spans = [(name, float(a), float(b)) for name, a, b in (line.split() for line in log.read_text().splitlines())]
     assert sorted(name for name, _, _ in spans) == ["alone", "alone", "fixture", "together", "together", "together"]
