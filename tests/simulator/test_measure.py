@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from simulator import measure
 from simulator.measure import WARM_S, time_call
 
 
@@ -18,14 +19,40 @@ class _Counter:
             time.sleep(self.seconds)
 
 
-@pytest.mark.parametrize("warm_s", [0.02, 0.05])
-def test_after_a_pause_the_calls_warm_up_for_warm_s(warm_s):
-    fn = _Counter(0.005)
-    start = time.perf_counter()
-    t = time_call(fn, repeats=3, warmup=1, settle_s=0.01, warm_s=warm_s)
-    assert time.perf_counter() - start >= 0.01 + warm_s
-    assert fn.calls >= 3 + 1 + int(warm_s / 0.005 * 0.5)  # the warm-up went on past its one call
-    assert t.repeats == 3 and t.min_s <= t.median_s
+class _Clock:
+    """A stand-in for ``time`` in simulator.measure whose clock moves only when something sleeps: counts of calls
+    exact, whatever the machine's load (a real 5 ms sleep took over 10 ms in a loaded CI run). Steps of 2^-8 s, so
+    that the sums are exact in binary."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+@pytest.mark.parametrize("warm_steps", [4, 10])
+def test_after_a_pause_the_calls_warm_up_for_warm_s(monkeypatch, warm_steps):
+    step = 2.0**-8  # the seconds one call takes
+    clock = _Clock()
+    monkeypatch.setattr(measure, "time", clock)
+    fn = _Counter()
+    fn_calls = []
+
+    def call():
+        fn()
+        fn_calls.append(clock.now)
+        clock.sleep(step)
+
+    t = time_call(call, repeats=3, warmup=1, settle_s=2 * step, warm_s=warm_steps * step)
+    # the pause, then calls until warm_s has passed since the warm-up began (the one warm-up call included), then
+    # the three timed ones
+    assert fn_calls[0] == 2 * step
+    assert fn.calls == warm_steps + 3
+    assert t.repeats == 3 and t.samples_s == (step, step, step)
 
 
 def test_the_default_warm_up_follows_the_pause():
