@@ -402,10 +402,13 @@ _FAULTS = textwrap.dedent("""
     q, k, v = (np.random.default_rng(0).standard_normal((1, 8, 512, 64), dtype=np.float32) for _ in range(3))
     for _ in range(2):  # the first call's blocks come from mmap; their free raises glibc's thresholds
         kernels.attention(q, k, v, algorithm=sys.argv[1])
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(5):
-        kernels.attention(q, k, v, algorithm=sys.argv[1])
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    counts = []
+    for _ in range(3):  # the fewest of three rounds: a call that faults its buffers in faults in every round
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(5):
+            kernels.attention(q, k, v, algorithm=sys.argv[1])
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(min(counts))
 """)
 
 
@@ -416,7 +419,9 @@ def test_repeated_calls_in_a_fresh_process_find_their_memory_mapped(algorithm):
     # S and P of the standard algorithm (2 × 8 MiB here), the flash kernel's tiles (2.4 MiB per worker): one
     # allocation per call below glibc's 32 MiB mmap ceiling, mapped again from the second call on. Allocated as
     # two arrays, or per task, glibc trimmed them and they were faulted in again on every call: 1000 faults per
-    # call for S and P, 4100 for the tiles, and at least 8 (2 MiB huge pages) for 16 MiB.
+    # call for S and P, 4100 for the tiles, and at least 8 (2 MiB huge pages) for 16 MiB. The fewest of three rounds
+    # of five calls: one round counted 29 faults in a suite run on two workers (stray ones, from the load), where the
+    # rounds count 0-1 on their own.
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "-c", _FAULTS, algorithm], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(root)}, cwd=root)
