@@ -99,6 +99,13 @@ def _is_c_array(a):
     return isinstance(a, types.Array) and a.layout == "C"
 
 
+def _splat(builder, value, vector_type):
+    """``value`` in every lane of ``vector_type`` (an insert into lane 0, then a shuffle of lane 0 everywhere)."""
+    undefined = ir.Constant(vector_type, None)
+    return builder.shuffle_vector(builder.insert_element(undefined, value, _I32(0)), undefined,
+                                  ir.Constant(ir.VectorType(_I32, vector_type.count), [0] * vector_type.count))
+
+
 @intrinsic
 def vzero(typingctx):
     """16 int32 zeros."""
@@ -129,10 +136,7 @@ def vload_first(typingctx, array, index, count):
         p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
         n = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), ir.IntType(8))
         lanes = ir.Constant(_BYTES, list(range(VECTOR_BYTES)))
-        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_BYTES, None), n, _I32(0)),
-                                       ir.Constant(_BYTES, None), ir.Constant(ir.VectorType(_I32, VECTOR_BYTES),
-                                                                              [0] * VECTOR_BYTES))
-        mask = builder.icmp_unsigned("<", lanes, splat)  # lane i loads when i < count
+        mask = builder.icmp_unsigned("<", lanes, _splat(builder, n, _BYTES))  # lane i loads when i < count
         masked_load = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_BYTES, [p.type, _I32, mask.type, _BYTES]), "llvm.masked.load.v64i8.p0")
         loaded = builder.call(masked_load, [p, _I32(1), mask, ir.Constant(_BYTES, None)])
@@ -225,8 +229,7 @@ def micro_tile(typingctx, x_u8, m0, panel, tile):
             for i in range(MR):
                 a32 = builder.load(builder.bitcast(builder.gep(rows[i], [builder.shl(q, ir.Constant(q.type, 2))]),
                                                    _I32.as_pointer()), align=1)
-                a = builder.shuffle_vector(builder.insert_element(ir.Constant(_VEC, None), a32, _I32(0)),
-                                           ir.Constant(_VEC, None), ir.Constant(_VEC, [0] * LANES))
+                a = _splat(builder, a32, _VEC)
                 fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
                                                     "llvm.x86.avx512.vpdpbusd.512")
                 for j in range(n_vectors):
@@ -275,9 +278,7 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
         count_v = context.cast(builder, args[2], count_t, types.int64)
         K_v = context.cast(builder, args[8], K_t, types.int64)
         lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-        splat_count = builder.shuffle_vector(builder.insert_element(ir.Constant(lanes.type, None), count_v, _I32(0)),
-                                             ir.Constant(lanes.type, None), ir.Constant(_VEC, [0] * LANES))
-        mask = builder.icmp_unsigned("<", lanes, splat_count)  # lane l is output n0 + l when l < count
+        mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
         masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
         y_p = builder.bitcast(builder.gep(data(y_t, args[0]), [n0_v]), _FLOATS.as_pointer())
         a_p = builder.bitcast(builder.gep(data(a_t, args[3]), [n0_v]), _FLOATS.as_pointer())
@@ -303,9 +304,7 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
                 w = builder.insert_element(w, builder.load(builder.gep(rows[lane], [c])), _I32(lane))
             scaled = builder.fmul(builder.sitofp(w, _FLOATS), step)  # float32(w[n, c]) · step
             rounded = builder.fpext(builder.fptrunc(scaled, ir.VectorType(ir.HalfType(), LANES)), _FLOATS)
-            splat_x = builder.shuffle_vector(builder.insert_element(ir.Constant(_FLOATS, None), xj, _I32(0)),
-                                             ir.Constant(_FLOATS, None), ir.Constant(_VEC, [0] * LANES))
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(splat_x, rounded)), acc)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(_splat(builder, xj, _FLOATS), rounded)), acc)
         _masked(builder, "llvm.masked.store.v16f32.p0",
                 ir.FunctionType(ir.VoidType(), [_FLOATS, _FLOATS.as_pointer(), _I32, _MASK]),
                 [builder.load(acc), y_p, _I32(4), mask])
