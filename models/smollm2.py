@@ -529,7 +529,8 @@ class SmolLM2:
             self.compress_cache(cache, queries, policy)
         prefill_s = time.perf_counter() - start
         out = self.continue_decoding(logits, cache, len(prompt_ids), max_new_tokens,
-                                     pick=lambda z: self._pick(z, temperature, top_k, top_p, rng))
+                                     pick=None if temperature == 0 else
+                                     lambda z: self._pick(z, temperature, top_k, top_p, rng))
         if timings is not None:
             timings.update(prefill_s=prefill_s, decode_s=time.perf_counter() - start - prefill_s)
         return out
@@ -537,7 +538,11 @@ class SmolLM2:
     def continue_decoding(self, logits, cache, position, max_new_tokens, pick=None):
         """Decode from a prefilled ``cache`` whose next position is ``position``, starting with the prefill's last
         ``logits``: at most ``max_new_tokens`` tokens, stopping at <|im_end|>; greedy unless ``pick`` (logits ->
-        token id) is given."""
+        token id) is given. Greedy decoding through the one-region step runs in its compiled loop
+        (``kernels.decode.LlamaDecodeStep.greedy``), the same tokens and cache as token by token."""
+        step = self._one_region_step() if self.lean_decode and self.one_region_decode else None
+        if pick is None and step and max_new_tokens > 0 and np.all(np.isfinite(logits)):
+            return self._greedy_decode(step, logits, cache, position, max_new_tokens)
         pick = pick or (lambda z: int(np.argmax(z)))
         out = []
         for step in range(max_new_tokens):
@@ -547,6 +552,19 @@ class SmolLM2:
             out.append(token)
             logits = self.forward([token], cache, position + step)[-1]
         return out
+
+    def _greedy_decode(self, step, logits, cache, position, max_new_tokens):
+        """``continue_decoding``'s greedy loop in ``step.greedy``: the argmax of ``logits`` first, then up to
+        ``max_new_tokens`` tokens at positions ``position`` on, stopping before <|im_end|>."""
+        lengths = cache.lengths
+        cache.reserve(lengths.index(max(lengths)), max_new_tokens)  # room in the longest layer is room in all
+        cos, sin = self._rotation(np.arange(position, position + max_new_tokens, dtype=np.float64))
+        slots = np.array(lengths, dtype=np.int64)
+        try:
+            return step.greedy(int(np.argmax(logits)), max_new_tokens, self.embedding, cos, sin, cache.keys,
+                               cache.values, slots, stop=self.im_end)
+        finally:  # the slots written so far are in use, also when a step was refused
+            lengths[:] = slots.tolist()
 
     def _check_ids(self, ids) -> list[int]:
         """A non-empty sequence of token ids within the vocabulary (a negative id wrapped around it before)."""

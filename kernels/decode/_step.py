@@ -315,6 +315,34 @@ def _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8,
                 thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
 
 
+@njit(cache=True)
+def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_workers, plan, counters, path,
+            row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes, lin_kind,
+            thresholds, norms, kv, bufs, quant_h, quant_i, scale, outliers):
+    """Greedy decoding in one compiled loop (``LlamaDecodeStep.greedy``): from token ``first`` on, up to
+    ``n_tokens`` tokens, each but ``stop`` written to ``tokens``, put through the step (``_run``) at its row of
+    cos_rows, sin_rows and at the slots kv[2], which then advance by one; the next token is the argmax of its
+    logits. Returns (tokens decoded, the values that are not finite in the last step's result, the next token)."""
+    x, logits, slots = bufs[0], bufs[8], kv[2]
+    token = first
+    for i in range(n_tokens):
+        if token == stop:
+            return i, 0, token
+        tokens[i] = token
+        x[:] = embedding[token]
+        counters[:] = 0
+        _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a,
+             blocks_r, head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i,
+             (cos_rows[i], sin_rows[i], scale), outliers)
+        for layer in range(slots.size):
+            slots[layer] += 1
+        not_finite = counters[counters.size - COUNTER_STRIDE]
+        if not_finite:
+            return i + 1, not_finite, token
+        token = np.argmax(logits)
+    return n_tokens, 0, token
+
+
 # -- the public class -----------------------------------------------------------------------------------------------
 CACHE_LINE = 64  # bytes (x86)
 
@@ -477,6 +505,7 @@ class LlamaDecodeStep:
         # processes, 152-173 -> 160-168 tokens/s, within that machine's noise
         f32 = np.float32
         self._h, self._logits = _lines((H,), f32), _lines((self.vocab,), f32)  # the next linear's normed input
+        self._x = _lines((H,), f32)  # the residual stream of ``greedy``'s tokens
         self._work = (_lines((self.qkv_size,), f32), _lines((H,), f32), _lines((H,), f32),  # qkv, o, wo's output
                       _lines((2 * I,), f32), _lines((I,), f32), _lines((H,), f32))  # gate_up, SwiGLU, w_down's
         self._quant = (_quant_buffers(H), _quant_buffers(I))  # the prepared inputs of the int8 linears
@@ -526,11 +555,7 @@ class LlamaDecodeStep:
         slots = self._check_caches(keys, values, slots)
         n_workers = numba.get_num_threads()
         pieces, parts = self._pieces(int(slots.max()) // PIECE_SLOTS + 1)  # as many as the longest layer needs
-        key = (bool(logits), n_workers, pieces)
-        if key not in self._plans:
-            self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
-                                     self.int8_head, bool(logits), n_workers, pieces)
-        plan = self._plans[key]
+        plan = self._plan_for(bool(logits), n_workers, pieces)
         rot = (np.ascontiguousarray(cos), np.ascontiguousarray(sin), self._scale)
         h, out = self._h, self._logits
         with self._lock:  # one call at a time: the buffers are the step's own
@@ -541,6 +566,82 @@ class LlamaDecodeStep:
             raise ValueError(f"the decode step produced {not_finite} values that are not finite (a hidden state past "
                              f"float32's range)")
         return result
+
+    def greedy(self, token, n_tokens, embedding, cos, sin, keys, values, slots, *, stop=-1):
+        """Greedy decoding in compiled loops of steps: from ``token`` on, up to ``n_tokens`` tokens, stopping before
+        the first that equals ``stop``. Each token goes through the step as ``__call__`` would take it: x its row of
+        ``embedding`` ((vocab, hidden) float32), cos[i], sin[i] ((n_tokens, d/2) float32) the rotary angles of the
+        i-th token's position, its key and value written at ``slots`` ((L,) int64, advanced in place by one per
+        token); the next token is the argmax of its logits (the first of equal maxima, as ``np.argmax``). Returns
+        the tokens that went through the step, in order: bit for bit what calling the step token by token and
+        taking the argmax gives, with the same cache.
+
+        Why: between two calls, the Python of a token (its embedding row, angles, checks, the argmax) took 0.5 ms
+        beside a 7 ms int8 step, 8x what the same lines take in a warm loop, the token's weights having just
+        streamed through the caches (2-vCPU AMD EPYC). Here the tokens follow each other in one compiled loop, a
+        call per 512 cache slots (``PIECE_SLOTS``: the attention's plan changes there)."""
+        for name, value in (("token", token), ("n_tokens", n_tokens), ("stop", stop)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an int; got {value!r}")
+        if not 0 <= token < self.vocab or n_tokens < 0:
+            raise ValueError(f"token must be in [0, {self.vocab}) and n_tokens >= 0; got {token}, {n_tokens}")
+        half = self.head_dim // 2
+        for name, a, shape in (("embedding", embedding, (self.vocab, self.hidden)), ("cos", cos, (n_tokens, half)),
+                               ("sin", sin, (n_tokens, half))):
+            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape \
+                    or not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be a C-contiguous float32 array {shape}; got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)} {np.shape(a)}")
+        self._check_caches(keys, values, slots)
+        if not isinstance(slots, np.ndarray) or slots.dtype != np.int64 or not slots.flags.writeable:
+            raise TypeError(f"slots must be a writeable int64 numpy.ndarray (advanced in place); got "
+                            f"{getattr(slots, 'dtype', type(slots).__name__)}")
+        if int(slots.max()) + n_tokens > keys.shape[2]:
+            raise ValueError(f"the caches hold {keys.shape[2]} slots: no room for {n_tokens} tokens after slot "
+                             f"{int(slots.max())}")
+        tokens = np.empty(n_tokens, dtype=np.int64)
+        n_workers = numba.get_num_threads()
+        done = 0
+        with self._lock:  # the step's own buffers
+            self._set_thresholds()
+            while done < n_tokens:
+                longest = int(slots.max())
+                chunk = min(n_tokens - done, PIECE_SLOTS - longest % PIECE_SLOTS)  # the same pieces throughout
+                pieces, parts = self._pieces(longest // PIECE_SLOTS + 1)
+                plan = self._plan_for(True, n_workers, pieces)
+                n, not_finite, token = _greedy(
+                    token, chunk, stop, embedding, cos[done:done + chunk], sin[done:done + chunk],
+                    tokens[done:done + chunk], n_workers, plan, self._zeroed_counters(plan, n_workers),
+                    path_marker(), self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
+                    (keys, values, slots), (self._x, self._h, *self._work, self._logits, self._empty, parts),
+                    *self._quant, self._scale, self._outliers)
+                self._calls += n
+                done += n
+                if not_finite:
+                    raise ValueError(f"the decode step produced {not_finite} values that are not finite (a hidden "
+                                     f"state past float32's range)")
+                if n < chunk:  # stopped
+                    break
+        return [int(t) for t in tokens[:done]]
+
+    def _plan_for(self, logits, n_workers, pieces):
+        key = (logits, n_workers, pieces)
+        if key not in self._plans:
+            self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
+                                     self.int8_head, logits, n_workers, pieces)
+        return self._plans[key]
+
+    def _set_thresholds(self):
+        """The int8 linears' thresholds as they are now, for the next calls of the region."""
+        # one assignment from a list (a Python loop of item assignments took ~35 us for SmolLM2's 121 linears)
+        self._thresholds[self._int8_index] = [layer.threshold for layer in self._int8_linears]
+
+    def _zeroed_counters(self, plan, n_workers):
+        """The region's counters for ``plan`` (``_worker``: each step's counts, then the result's values that are
+        not finite), set to 0."""
+        counters = self._counters[:plan[0].size * (n_workers + 1) * COUNTER_STRIDE + COUNTER_STRIDE]
+        counters[:] = 0
+        return counters
 
     def _pieces(self, pieces):
         """(pieces, parts): the buffer of the partial results of ``pieces`` pieces per kv head (made once per
@@ -553,15 +654,12 @@ class LlamaDecodeStep:
     def _region(self, n_workers, plan, x, kv, rot, outliers, parts):
         """Run ``plan`` once on the step's own buffers (the caller holds the lock), the attention's pieces in
         ``parts`` (``_pieces``); the count of the result's values that are not finite."""
-        # one assignment from a list (a Python loop of item assignments took ~35 us for SmolLM2's 121 linears)
-        self._thresholds[self._int8_index] = [layer.threshold for layer in self._int8_linears]
-        n_counted = plan[0].size * (n_workers + 1) * COUNTER_STRIDE  # the steps' counts (``_worker``)
-        counters = self._counters[:n_counted + COUNTER_STRIDE]
-        counters[:] = 0
+        self._set_thresholds()
+        counters = self._zeroed_counters(plan, n_workers)
         _run(n_workers, plan, counters, path_marker(), self.row_prefetch, *self._weights, self._lin_kind,
              self._thresholds, self._norms, kv, (x, self._h, *self._work, self._logits, self._empty, parts),
              *self._quant, rot, outliers)
-        return counters[n_counted]
+        return counters[counters.size - COUNTER_STRIDE]
 
     @property
     def outlier_products(self) -> float:

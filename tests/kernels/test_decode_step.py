@@ -436,3 +436,100 @@ def test_the_blocks_weights_lie_on_huge_pages(rng):
     assert step.block_weights.nbytes >= HUGE_PAGE_BYTES
     assert step.block_weights.ctypes.data % HUGE_PAGE_BYTES == 0
     assert "hg" in vm_flags(step.block_weights.ctypes.data)
+
+
+def _token_by_token(step, first, n_tokens, embedding, cos, sin, keys, values, slots, stop):
+    """``LlamaDecodeStep.greedy`` in Python: each token through the step, the next one its logits' argmax."""
+    tokens, token = [], first
+    for i in range(n_tokens):
+        if token == stop:
+            break
+        tokens.append(token)
+        token = int(np.argmax(step(embedding[token].copy(), cos[i], sin[i], keys, values, slots)))
+        slots += 1
+    return tokens
+
+
+@pytest.mark.parametrize("mode", ["fp32", "int8", "int8-head"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("start", [0, PIECE_SLOTS - 3])  # from an empty cache; across the attention's piece edge
+def test_greedy_decoding_in_one_loop_equals_the_step_token_by_token(rng, int8_path, mode, threads, start):
+    L, hq, hkv, d, inter, vocab = 2, 4, 2, 8, 40, 37
+    int8, int8_head = mode != "fp32", mode == "int8-head"
+    layers, an, fn, final, head = _model(rng, L, hq, hkv, d, inter, vocab, int8, int8_head, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=hq, n_kv_heads=hkv, head_dim=d, eps=1e-5)
+    n_tokens, capacity = 9, start + 12
+    embedding = (3 * rng.standard_normal((vocab, hq * d))).astype(np.float32)
+    angles = rng.uniform(0, 2 * np.pi, (n_tokens, d // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    keys, values = (rng.standard_normal((L, hkv, capacity, d)).astype(np.float32) for _ in range(2))
+    slots = np.array([start, max(0, start - 5)], dtype=np.int64)  # layers at different lengths
+    first = int(rng.integers(vocab))
+    with numba_threads(threads):
+        ref_keys, ref_values, ref_slots = keys.copy(), values.copy(), slots.copy()
+        reference = _token_by_token(step, first, n_tokens, embedding, cos, sin, ref_keys, ref_values, ref_slots,
+                                    -1)
+        for stop in (-1, reference[5]):  # no stop; a stop token met on the way (the tokens before it only)
+            k, v, s = keys.copy(), values.copy(), slots.copy()
+            tokens = step.greedy(first, n_tokens, embedding, cos, sin, k, v, s, stop=stop)
+            expected = reference[:reference.index(stop)] if stop in reference else reference
+            assert tokens == expected and np.array_equal(s, slots + len(expected))
+            n = len(expected)
+            k_ref, v_ref, s_ref = keys.copy(), values.copy(), slots.copy()
+            _token_by_token(step, first, n, embedding, cos, sin, k_ref, v_ref, s_ref, -1)
+            assert np.array_equal(k, k_ref) and np.array_equal(v, v_ref)  # the same cache, bit for bit
+    assert step.greedy(first, 0, embedding, cos[:0], sin[:0], keys, values, slots.copy()) == []
+
+
+def test_bad_greedy_calls_are_refused(rng):
+    layers, an, fn, final, head = _model(rng, 2, 2, 1, 4, 8, 10, False, False, 6.0)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    keys = rng.standard_normal((2, 1, 6, 4)).astype(np.float32)
+    embedding, cs = rng.standard_normal((10, 8)).astype(np.float32), np.ones((3, 2), np.float32)
+    slots = np.array([1, 0], dtype=np.int64)
+
+    def call(token=2, n=3, emb=embedding, cos=cs, sl=None, **kwargs):
+        return step.greedy(token, n, emb, cos, cs if cos is cs else cos, keys.copy(), keys.copy(),
+                           slots.copy() if sl is None else sl, **kwargs)
+
+    for token in (10, -1):
+        with pytest.raises(ValueError, match="token must be in"):
+            call(token)
+    for bad in (True, 2.0, None):
+        with pytest.raises(TypeError, match="token must be an int"):
+            call(bad)
+    with pytest.raises(TypeError, match="stop must be an int"):
+        call(stop="x")
+    with pytest.raises(ValueError, match="n_tokens >= 0"):
+        call(n=-1)
+    with pytest.raises(ValueError, match="embedding must be"):
+        call(emb=embedding[:, :7].copy())
+    with pytest.raises(ValueError, match="embedding must be"):
+        call(emb=embedding.astype(np.float64))
+    with pytest.raises(ValueError, match="cos must be"):
+        call(cos=np.ones((2, 2), np.float32))  # a row for each of the n tokens
+    with pytest.raises(TypeError, match="slots must be a writeable int64"):
+        call(sl=[1, 0])
+    with pytest.raises(ValueError, match="no room for 3 tokens after slot 4"):
+        call(sl=np.array([4, 0], dtype=np.int64))
+    with pytest.raises(ValueError, match="slots must be"):
+        call(sl=np.array([6, 0], dtype=np.int64))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_decoding_refuses_a_token_whose_logits_are_not_finite(rng, threads):
+    layers, an, fn, final, head = _model(rng, 2, 2, 1, 4, 8, 300, True, False, 6.0)
+    kwargs = dict(n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    embedding = rng.standard_normal((300, 8)).astype(np.float32)
+    cs = np.ones((4, 2), np.float32)
+    keys = rng.standard_normal((2, 1, 8, 4)).astype(np.float32)
+    with numba_threads(threads):
+        step = decode.LlamaDecodeStep(layers, an, fn, final, head, **kwargs)
+        h = step(embedding[5].copy(), cs[0], cs[0], keys.copy(), keys.copy(), [1, 1], logits=False)
+        bad_head = head.copy()
+        bad_head[211] = 3e38 * np.sign(h)  # the first token's logit 211 is a sum past float32's range
+        step = decode.LlamaDecodeStep(layers, an, fn, final, bad_head, **kwargs)
+        slots = np.array([1, 1], dtype=np.int64)
+        with pytest.raises(ValueError, match="produced 1 values that are not finite"):
+            step.greedy(5, 4, embedding, cs, cs, keys.copy(), keys.copy(), slots)
+        assert np.array_equal(slots, [2, 2])  # the refused token's key and value were written: its slot is used

@@ -83,6 +83,28 @@ def test_the_lean_decode_step_equals_the_general_forward(rng, linear):
     assert model.generate(ids, 8) == greedy
 
 
+@pytest.mark.parametrize("linear", ["fp32", "int8"])
+def test_greedy_decoding_in_one_loop_gives_the_token_by_token_tokens_and_cache(rng, linear):
+    model = SmolLM2(weights=tiny_weights(rng), linear=linear)
+    assert model._one_region_step()  # the loop's step: one region for float32 and int8-only layers
+    ids = rng.integers(0, 50, 9).tolist()
+    caches, answers = [], []
+    for pick in (None, lambda z: int(np.argmax(z))):  # the compiled loop; the same argmax token by token
+        cache = model.new_cache(4)  # too small: grown before the loop, doubled on the way token by token
+        logits = model.forward(ids, cache, 0)[-1]
+        answers.append(model.continue_decoding(logits, cache, len(ids), 12, pick=pick))
+        caches.append(cache)
+    assert answers[0] == answers[1] and len(answers[0]) == 12
+    assert caches[0].lengths == caches[1].lengths == [21, 21]
+    for (k0, v0), (k1, v1) in zip(caches[0], caches[1]):
+        assert np.array_equal(k0, k1) and np.array_equal(v0, v1)
+    model.im_end = answers[0][4]  # a stop token met on the way: the tokens before its first occurrence
+    cache = model.new_cache(32)
+    stopped = model.continue_decoding(model.forward(ids, cache, 0)[-1], cache, len(ids), 12)
+    assert stopped == answers[0][:answers[0].index(model.im_end)]
+    assert cache.lengths == [len(ids) + len(stopped)] * 2
+
+
 def test_decoding_writes_the_static_cache_in_place(model, rng):
     ids = rng.integers(0, 50, 10).tolist()
     cache = model.new_cache(16)
