@@ -7,8 +7,9 @@ rounds of each run's rate against the read beside it: a VM's memory speed drifts
 this benchmark), and a bound read once at the start of a run measured another machine than the decode it bounds.
 
 Targets of issue 17: int8 prefill faster than fp32; fp32 decode >= 0.9 of its bound; int8 with the int8 LM head
->= 2.5x fp32's decode tokens/s (``test_int8_head_against_fp32_decode_in_turn``: the two taken in turn). Beside the bound, ``of_weights_read``: the weight bytes per token at the decode
-rate over a plain read of the step's own weight arrays, measured in turn with the decode runs. After a long prompt
+>= 2.5x fp32's decode tokens/s (``test_int8_head_against_fp32_decode_in_turn``: the two taken in turn). Beside the
+bound, ``of_weights_read``: the weight bytes per token at the decode rate over a plain read of the step's own weight
+arrays, measured in turn with the decode runs. After a long prompt
 (int8 with the int8 LM head), each token also reads the whole KV cache: its bound counts those bytes too, and
 ``fixed_ms`` is the step without its weight rows at that context (``LlamaDecodeStep.fixed_seconds``: the attention
 over the cache, the norms, the hand-offs).
@@ -114,9 +115,10 @@ PREFILL_IN_TURN = 3  # of those rounds, the first three also prefill PREFILL_TOK
 def test_int8_head_against_fp32_decode_in_turn(benchmark, record):
     """Issue 17's ratios (int8 with the int8 LM head >= 2.5x fp32's decode tokens/s; int8 prefill faster than fp32)
     from runs taken in turn, the two models loaded in one process and each round's order swapped, so that both meet
-    the same phases of the machine (the prefill does not read the LM head: int8 and int8 + head prefill alike). The ``decode_vs_fp32`` column of ``test_decode_tokens_per_second`` compares runs a minute apart: on a
-    2-vCPU AMD EPYC its fp32 rounds once ran at 74/71/52 tokens/s and, a minute later in the same run, after a read
-    beside them of 32-50 GB/s, the int8 + head rounds at 155/157/165 beside 32-34 GB/s."""
+    the same phases of the machine (the prefill does not read the LM head: int8 and int8 + head prefill alike). The
+    ``decode_vs_fp32`` column of ``test_decode_tokens_per_second`` compares runs a minute apart: on a 2-vCPU AMD
+    EPYC its fp32 rounds once ran at 74/71/52 tokens/s beside reads of 32-50 GB/s and, a minute later in the same
+    run, the int8 + head rounds at 155/157/165 beside reads of 32-34 GB/s."""
     models = {"fp32": SmolLM2(linear="fp32"), "int8-head": SmolLM2(linear="int8", quantize_lm_head=True)}
     prompt = models["fp32"].encode("Once upon a time")
 

@@ -540,9 +540,9 @@ class SmolLM2:
         ``logits``: at most ``max_new_tokens`` tokens, stopping at <|im_end|>; greedy unless ``pick`` (logits ->
         token id) is given. Greedy decoding through the one-region step runs in its compiled loop
         (``kernels.decode.LlamaDecodeStep.greedy``), the same tokens and cache as token by token."""
-        step = self._one_region_step() if self.lean_decode and self.one_region_decode else None
-        if pick is None and step and max_new_tokens > 0 and np.all(np.isfinite(logits)):
-            return self._greedy_decode(step, logits, cache, position, max_new_tokens)
+        region = self._one_region_step() if self.lean_decode and self.one_region_decode else None
+        if pick is None and region and max_new_tokens > 0:
+            return self._greedy_decode(region, logits, cache, position, max_new_tokens)
         pick = pick or (lambda z: int(np.argmax(z)))
         out = []
         for step in range(max_new_tokens):

@@ -488,9 +488,9 @@ def test_bad_greedy_calls_are_refused(rng):
     embedding, cs = rng.standard_normal((10, 8)).astype(np.float32), np.ones((3, 2), np.float32)
     slots = np.array([1, 0], dtype=np.int64)
 
-    def call(token=2, n=3, emb=embedding, cos=cs, sl=None, **kwargs):
-        return step.greedy(token, n, emb, cos, cs if cos is cs else cos, keys.copy(), keys.copy(),
-                           slots.copy() if sl is None else sl, **kwargs)
+    def call(token=2, n=3, emb=embedding, cos=cs, sl=None, **kwargs):  # cos for sin too
+        return step.greedy(token, n, emb, cos, cos, keys.copy(), keys.copy(), slots.copy() if sl is None else sl,
+                           **kwargs)
 
     for token in (10, -1):
         with pytest.raises(ValueError, match="token must be in"):
