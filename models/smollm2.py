@@ -539,7 +539,8 @@ class SmolLM2:
         """Decode from a prefilled ``cache`` whose next position is ``position``, starting with the prefill's last
         ``logits``: at most ``max_new_tokens`` tokens, stopping at <|im_end|>; greedy unless ``pick`` (logits ->
         token id) is given. Greedy decoding through the one-region step runs in its compiled loop
-        (``kernels.decode.LlamaDecodeStep.greedy``), the same tokens and cache as token by token."""
+        (``kernels.decode.LlamaDecodeStep.greedy``): the same tokens and cache contents as token by token, the cache
+        grown once beforehand for max_new_tokens where it is short."""
         region = self._one_region_step() if self.lean_decode and self.one_region_decode else None
         if pick is None and region and max_new_tokens > 0:
             return self._greedy_decode(region, logits, cache, position, max_new_tokens)
@@ -563,7 +564,7 @@ class SmolLM2:
         try:
             return step.greedy(int(np.argmax(logits)), max_new_tokens, self.embedding, cos, sin, cache.keys,
                                cache.values, slots, stop=self.im_end)
-        finally:  # the slots written so far are in use, also when a step was refused
+        finally:  # the slots of the tokens decoded (a refused token's slot is not taken: ``greedy``)
             lengths[:] = slots.tolist()
 
     def _check_ids(self, ids) -> list[int]:

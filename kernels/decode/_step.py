@@ -315,14 +315,15 @@ def _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8,
                 thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_workers, plan, counters, path,
             row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes, lin_kind,
             thresholds, norms, kv, bufs, quant_h, quant_i, scale, outliers):
     """Greedy decoding in one compiled loop (``LlamaDecodeStep.greedy``): from token ``first`` on, up to
     ``n_tokens`` tokens, each but ``stop`` written to ``tokens``, put through the step (``_run``) at its row of
-    cos_rows, sin_rows and at the slots kv[2], which then advance by one; the next token is the argmax of its
-    logits. Returns (tokens decoded, the values that are not finite in the last step's result, the next token)."""
+    cos_rows, sin_rows and at the slots kv[2], which then advance by one (not for a token whose logits are not all
+    finite: it ends the loop); the next token is the argmax of its logits. Returns (tokens decoded, the values that
+    are not finite in the last step's result, the next token)."""
     x, logits, slots = bufs[0], bufs[8], kv[2]
     token = first
     for i in range(n_tokens):
@@ -334,11 +335,11 @@ def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_work
         _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a,
              blocks_r, head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i,
              (cos_rows[i], sin_rows[i], scale), outliers)
+        not_finite = counters[counters.size - COUNTER_STRIDE]
+        if not_finite:  # as ``__call__`` refuses it: its key and value written, its slot not taken
+            return i, not_finite, token
         for layer in range(slots.size):
             slots[layer] += 1
-        not_finite = counters[counters.size - COUNTER_STRIDE]
-        if not_finite:
-            return i + 1, not_finite, token
         token = np.argmax(logits)
     return n_tokens, 0, token
 
@@ -575,11 +576,14 @@ class LlamaDecodeStep:
         token); the next token is the argmax of its logits (the first of equal maxima, as ``np.argmax``). Returns
         the tokens that went through the step, in order: bit for bit what calling the step token by token and
         taking the argmax gives, with the same cache. The int8 linears' thresholds are read once, when it starts.
+        Raises ``ValueError`` as ``__call__`` does for a token whose step produced a value that is not finite: the
+        slots then stand after the tokens before it.
 
         Why: between two calls, the Python of a token (its embedding row, angles, checks, the argmax) took 0.5 ms
         beside a 7 ms int8 step, 8x what the same lines take in a warm loop, the token's weights having just
-        streamed through the caches (2-vCPU AMD EPYC). Here the tokens follow each other in one compiled loop, a
-        call per 512 cache slots (``PIECE_SLOTS``: the attention's plan changes there)."""
+        streamed through the caches (2-vCPU AMD EPYC). Here the tokens follow each other in one compiled loop (it
+        releases the GIL), one call of it up to each multiple of 512 slots of the longest layer (``PIECE_SLOTS``: the
+        attention's plan changes there)."""
         for name, value in (("token", token), ("n_tokens", n_tokens), ("stop", stop)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name} must be an int; got {value!r}")
@@ -600,6 +604,8 @@ class LlamaDecodeStep:
             raise ValueError(f"the caches hold {keys.shape[2]} slots: no room for {n_tokens} tokens after slot "
                              f"{int(slots.max())}")
         tokens = np.empty(n_tokens, dtype=np.int64)
+        token, n_tokens = int(token), int(n_tokens)  # one compiled type (an np.uint64 would not unify with int64)
+        stop = int(stop) if 0 <= stop < self.vocab else -1  # a stop past the vocabulary is never met
         n_workers = numba.get_num_threads()
         done = 0
         with self._lock:  # the step's own buffers
@@ -615,7 +621,7 @@ class LlamaDecodeStep:
                     path_marker(), self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
                     (keys, values, slots), (self._x, self._h, *self._work, self._logits, self._empty, parts),
                     *self._quant, self._scale, self._outliers)
-                self._calls += n
+                self._calls += n + bool(not_finite)  # as ``__call__`` counts a refused call
                 done += n
                 if not_finite:
                     raise ValueError(f"the decode step produced {not_finite} values that are not finite (a hidden "

@@ -463,17 +463,20 @@ def test_greedy_decoding_in_one_loop_equals_the_step_token_by_token(rng, int8_pa
     angles = rng.uniform(0, 2 * np.pi, (n_tokens, d // 2))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     keys, values = (rng.standard_normal((L, hkv, capacity, d)).astype(np.float32) for _ in range(2))
-    slots = np.array([start, max(0, start - 5)], dtype=np.int64)  # layers at different lengths
+    slots = np.array([max(0, start - 5), start], dtype=np.int64)  # layers at different lengths, the last longest
     first = int(rng.integers(vocab))
     with numba_threads(threads):
         ref_keys, ref_values, ref_slots = keys.copy(), values.copy(), slots.copy()
         reference = _token_by_token(step, first, n_tokens, embedding, cos, sin, ref_keys, ref_values, ref_slots,
                                     -1)
-        for stop in (-1, reference[5]):  # no stop; a stop token met on the way (the tokens before it only)
+        # no stop; a stop token met on the way (the tokens before it only); the first token a stop (none)
+        for stop in (-1, reference[5], first):
             k, v, s = keys.copy(), values.copy(), slots.copy()
-            tokens = step.greedy(first, n_tokens, embedding, cos, sin, k, v, s, stop=stop)
+            calls = step._calls
+            tokens = step.greedy(np.uint64(first), n_tokens, embedding, cos, sin, k, v, s, stop=stop)
             expected = reference[:reference.index(stop)] if stop in reference else reference
             assert tokens == expected and np.array_equal(s, slots + len(expected))
+            assert step._calls == calls + len(expected)  # each token a call of the step, as token by token
             n = len(expected)
             k_ref, v_ref, s_ref = keys.copy(), values.copy(), slots.copy()
             _token_by_token(step, first, n, embedding, cos, sin, k_ref, v_ref, s_ref, -1)
@@ -508,6 +511,18 @@ def test_bad_greedy_calls_are_refused(rng):
         call(emb=embedding.astype(np.float64))
     with pytest.raises(ValueError, match="cos must be"):
         call(cos=np.ones((2, 2), np.float32))  # a row for each of the n tokens
+    with pytest.raises(ValueError, match="cos must be"):
+        call(cos=np.ones((3, 4), np.float32)[:, ::2])  # not C-contiguous
+    with pytest.raises(ValueError, match="sin must be"):
+        step.greedy(2, 3, embedding, cs, cs[:, :1].copy(), keys.copy(), keys.copy(), slots.copy())
+    with pytest.raises(TypeError, match="slots must be a writeable int64"):
+        call(sl=slots.astype(np.int32))
+    read_only = slots.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(TypeError, match="slots must be a writeable int64"):
+        call(sl=read_only)
+    with pytest.raises(TypeError, match="n_tokens must be an int"):
+        call(n=3.0)
     with pytest.raises(TypeError, match="slots must be a writeable int64"):
         call(sl=[1, 0])
     with pytest.raises(ValueError, match="no room for 3 tokens after slot 4"):
@@ -532,4 +547,4 @@ def test_greedy_decoding_refuses_a_token_whose_logits_are_not_finite(rng, thread
         slots = np.array([1, 1], dtype=np.int64)
         with pytest.raises(ValueError, match="produced 1 values that are not finite"):
             step.greedy(5, 4, embedding, cs, cs, keys.copy(), keys.copy(), slots)
-        assert np.array_equal(slots, [2, 2])  # the refused token's key and value were written: its slot is used
+        assert np.array_equal(slots, [1, 1])  # the refused token's slot not taken, as after ``__call__``

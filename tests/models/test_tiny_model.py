@@ -89,12 +89,15 @@ def test_greedy_decoding_in_one_loop_gives_the_token_by_token_tokens_and_cache(r
     assert model._one_region_step()  # the loop's step: one region for float32 and int8-only layers
     ids = rng.integers(0, 50, 9).tolist()
     caches, answers = [], []
+    loops = []
+    greedy = model._one_region_step().greedy
+    model._one_region_step().greedy = lambda *args, **kwargs: loops.append(1) or greedy(*args, **kwargs)
     for pick in (None, lambda z: int(np.argmax(z))):  # the compiled loop; the same argmax token by token
         cache = model.new_cache(4)  # too small: grown before the loop, doubled on the way token by token
         logits = model.forward(ids, cache, 0)[-1]
         answers.append(model.continue_decoding(logits, cache, len(ids), 12, pick=pick))
         caches.append(cache)
-    assert answers[0] == answers[1] and len(answers[0]) == 12
+    assert answers[0] == answers[1] and len(answers[0]) == 12 and loops == [1]  # the loop ran, once
     assert caches[0].lengths == caches[1].lengths == [21, 21]
     for (k0, v0), (k1, v1) in zip(caches[0], caches[1]):
         assert np.array_equal(k0, k1) and np.array_equal(v0, v1)
