@@ -315,7 +315,7 @@ def _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8,
                 thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_workers, plan, counters, path,
             row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes, lin_kind,
             thresholds, norms, kv, bufs, quant_h, quant_i, scale, outliers):
@@ -342,6 +342,10 @@ def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_work
             slots[layer] += 1
         token = np.argmax(logits)
     return n_tokens, 0, token
+
+
+GREEDY_TOKENS = 64  # tokens of one call of ``_greedy`` at most: about 0.5 s of SmolLM2 on two cores; the Python
+# between two calls, about 0.5 ms, is 0.1% of that
 
 
 # -- the public class -----------------------------------------------------------------------------------------------
@@ -581,9 +585,10 @@ class LlamaDecodeStep:
 
         Why: between two calls, the Python of a token (its embedding row, angles, checks, the argmax) took 0.5 ms
         beside a 7 ms int8 step, 8x what the same lines take in a warm loop, the token's weights having just
-        streamed through the caches (2-vCPU AMD EPYC). Here the tokens follow each other in one compiled loop (it
-        releases the GIL), one call of it up to each multiple of 512 slots of the longest layer (``PIECE_SLOTS``: the
-        attention's plan changes there)."""
+        streamed through the caches (2-vCPU AMD EPYC). Here the tokens follow each other in one compiled loop, one
+        call of it up to each multiple of 512 slots of the longest layer (``PIECE_SLOTS``: the attention's plan
+        changes there) and of GREEDY_TOKENS tokens at most (it holds the GIL, as ``__call__`` does: between two calls
+        other Python threads run and Ctrl-C is seen)."""
         for name, value in (("token", token), ("n_tokens", n_tokens), ("stop", stop)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name} must be an int; got {value!r}")
@@ -612,7 +617,8 @@ class LlamaDecodeStep:
             self._set_thresholds()
             while done < n_tokens:
                 longest = int(slots.max())
-                chunk = min(n_tokens - done, PIECE_SLOTS - longest % PIECE_SLOTS)  # the same pieces throughout
+                # the same pieces throughout (``__call__``'s from the longest layer), GREEDY_TOKENS at most
+                chunk = min(n_tokens - done, PIECE_SLOTS - longest % PIECE_SLOTS, GREEDY_TOKENS)
                 pieces, parts = self._pieces(longest // PIECE_SLOTS + 1)
                 plan = self._plan_for(True, n_workers, pieces)
                 n, not_finite, token = _greedy(
