@@ -625,7 +625,7 @@ class LlamaDecodeStep:
                     token, chunk, stop, embedding, cos[done:done + chunk], sin[done:done + chunk],
                     tokens[done:done + chunk], n_workers, plan, self._zeroed_counters(plan, n_workers),
                     path_marker(), self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
-                    (keys, values, slots), (self._x, self._h, *self._work, self._logits, self._empty, parts),
+                    (keys, values, slots), self._bufs(self._x, parts),
                     *self._quant, self._scale, self._outliers)
                 self._calls += n + bool(not_finite)  # as ``__call__`` counts a refused call
                 done += n
@@ -655,6 +655,11 @@ class LlamaDecodeStep:
         counters[:] = 0
         return counters
 
+    def _bufs(self, x, parts):
+        """The region's buffers (``_worker``): the residual stream x, then the step's own, the attention's pieces
+        in ``parts``."""
+        return (x, self._h, *self._work, self._logits, self._empty, parts)
+
     def _pieces(self, pieces):
         """(pieces, parts): the buffer of the partial results of ``pieces`` pieces per kv head (made once per
         count)."""
@@ -669,8 +674,7 @@ class LlamaDecodeStep:
         self._set_thresholds()
         counters = self._zeroed_counters(plan, n_workers)
         _run(n_workers, plan, counters, path_marker(), self.row_prefetch, *self._weights, self._lin_kind,
-             self._thresholds, self._norms, kv, (x, self._h, *self._work, self._logits, self._empty, parts),
-             *self._quant, rot, outliers)
+             self._thresholds, self._norms, kv, self._bufs(x, parts), *self._quant, rot, outliers)
         return counters[counters.size - COUNTER_STRIDE]
 
     @property
