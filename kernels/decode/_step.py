@@ -12,8 +12,9 @@ linear step. Claiming makes a late or preempted thread harmless: the threads tha
 waits spin only on this call's own threads, which sleep again when it returns.
 
 The pieces are the per-layer path's own code: ``_add_rms_norm``, ``_attend_piece`` with ``_combine`` and SwiGLU's
-arithmetic from ``_fused``, ``kernels.dense.gemv_rows`` and ``kernels.int8.rows`` (LLM.int8()'s split GEMV,
-bit-identical to ``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
+arithmetic from ``_fused``, ``kernels.dense.gemv_rows``, ``kernels.int8.rows.prepare`` and
+``kernels.int8.panels`` (LLM.int8()'s split GEMV over the int8 weights packed in panels of 16 rows, bit-identical to
+``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
 
 Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
   v1 (this file): tasks claimed from one counter per step, each task 64 rows: SmolLM2-135M's int8 step (int8 LM
@@ -73,6 +74,12 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       merged and the quantizations of o and act left serial: int8 -0.05% (20 of 40) in one series, +4.2% (10 of
       40) in the next. The hand-offs are not the cost of a serial step: a step of eight empty tasks hands off in
       0.1 us on two threads.
+  v12: the int8 weights in panels of 16 rows (``kernels.int8.panels``: one ``vpdpbusd`` adds 4 k of 16 outputs, the
+      input's 4 bytes broadcast; one stream per thread, no horizontal sum per output) instead of rows, four at once,
+      one per quarter of a task's range (``kernels.int8.rows``). The panels are the step's own copy; the rows stay
+      for the per-layer path (prefill's GEMM, ``Int8Linear``). 2-vCPU AMD EPYC (Zen 4, KVM), SmolLM2's int8 +
+      int8 head ``generate`` of 64 tokens, medians of four rounds, v11's tree and v12's in alternating fresh
+      processes: 159.6 -> 176.5, 146.7 -> 166.7, 172.6 -> 191.2 tokens/s.
 """
 from __future__ import annotations
 
@@ -88,7 +95,8 @@ from .._common.memory import huge_page_empty
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
-from ..int8.rows import ROW_PREFETCH, int8_rows, padded_k, path_marker, prepare
+from ..int8.panels import int8_panel_rows, pack
+from ..int8.rows import ROW_PREFETCH, ROWS_AT_ONCE, padded_k, path_marker, prepare
 from ._fused import PIECE_SLOTS, _add_rms_norm, _attend_piece, _combine, _rope_write, piece_width
 
 TASKS_PER_THREAD = 4  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
@@ -110,13 +118,15 @@ LINEAR_STEPS = (QKV, O_PROJ, GATE_UP, DOWN, HEAD)  # the steps that read a weigh
 # of a count that all threads share, and at a few dozen per task those updates cost more than the task (the linear
 # steps ran 2.4x slower on two threads than on one). So a worker takes each array out once per step.
 @njit(cache=True)
-def _linear_rows(is_int8, path, ahead, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1):
+def _linear_rows(is_int8, path, ahead, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1,
+                 shift):
     """y[n0:n1] = outputs n0..n1-1 of one linear for the input v (already prepared into x_u8 .. absmax_x, with J
-    outliers, when int8; ``ahead`` the int8 rows' prefetch, ``kernels.int8.rows.int8_rows``)."""
+    outliers, when int8: w8 is then the weight in panels, output n in its row n + shift, and ``ahead`` the panels'
+    prefetch, ``kernels.int8.panels.int8_panel_rows``)."""
     if not is_int8:
         gemv_rows(v, w32, y, n0, n1)
     else:
-        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1, ahead)
+        int8_panel_rows(path, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1, shift, ahead)
 
 
 @njit(cache=True)
@@ -270,15 +280,16 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
                 n_act = act.size
                 n1 = min(n0 + rows[s], n_act)
                 _linear_rows(is_int8, path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
-                             absmax_x, gate_up, n0, n1)
+                             absmax_x, gate_up, n0, n1, 0)
+                # the up rows: the int8 weight's second half of panels (``_panels``), the float32 one's rows
                 _linear_rows(is_int8, path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
-                             absmax_x, gate_up, n_act + n0, n_act + n1)
+                             absmax_x, gate_up, n_act + n0, n_act + n1, w8.shape[0] // 2 - n_act)
                 for i in range(n0, n1):
                     g = gate_up[i]
                     act[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n_act + i]
             else:  # QKV, O_PROJ, DOWN, HEAD
                 _linear_rows(is_int8, path, row_prefetch, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
-                             absmax_x, y, n0, min(n0 + rows[s], y.size))
+                             absmax_x, y, n0, min(n0 + rows[s], y.size), 0)
             if s == kinds.size - 1:  # the step that makes the result (the head's rows, or h): count what is not
                 # finite while it is in this core's cache, for the caller to refuse (``LlamaDecodeStep.__call__``)
                 result, r0, r1 = (h, 0, h.size) if kind == NORM_FINAL else (y, n0, min(n0 + rows[s], y.size))
@@ -423,10 +434,12 @@ class LlamaDecodeStep:
     Notes
     -----
     The blocks' weights are copied into one 1-D array, block by block in the order a token reads them
-    (``block_weights``); ``stacks`` holds an (L, out, in) view of it per kind of linear (float32, or int8 weights
-    with their absmax and row sums, stacked), and the head. The region takes each block's weight as a view of the
-    array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one). A
-    caller may point its own layers at those views to keep one copy. Calling the step (``__call__``) advances the
+    (``block_weights``): float32 rows, or int8 weights in panels of 16 rows (``kernels.int8.panels``, the operand
+    layout of ``vpdpbusd``; the int8 LM head gets such a copy too). ``stacks`` holds per kind of linear the weights
+    as (L, out, in) rows: for float32 a view of the array, which a caller may point its own layers at to keep one
+    copy; for int8 a stack of the rows beside the panels (two copies: the per-layer path, prefill's included, reads
+    rows), with their absmax and row sums; and the head. The region takes each block's weight as a view of the
+    array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one). Calling the step (``__call__``) advances the
     residual stream x in place, writes each block's key and value at its slot and returns the logits (or the
     final-normed hidden state). One call runs at a time (a lock: the region's buffers are the object's own). The
     outputs are the per-layer path's (``kernels.decode.add_rms_norm``, ``rope_attend``, ``swiglu`` between the
@@ -466,16 +479,22 @@ class LlamaDecodeStep:
         _check_weights(["head"], [head], (self.vocab, H))  # used in place (a tied head is the embedding)
         # the blocks' weights in one arena, in the order a token reads them; per kind an (L, out, in) view of it,
         # int8 with the stacked absmax and row sums
-        self.block_weights, starts, views = _arena(
-            [[b[j].weight.w_i8 if self.int8_layers else b[j] for b in layers] for j in range(len(self.NAMES))])
+        # float32: the model's layers may share them (``stacks``); int8: in panels of 16 rows, the operand layout of
+        # vpdpbusd (``kernels.int8.panels``: 1.15-1.3x the rows' streaming rate), and the rows stacked per kind
+        # beside them for the per-layer path, with the stacked absmax and row sums
+        self.block_weights, starts, views, arena_shapes = _arena(
+            [[_panels(b[j].weight.w_i8, pair=j == 2) if self.int8_layers else b[j] for b in layers]
+             for j in range(len(self.NAMES))])
         self.stacks = {}
         for j, (name, view) in enumerate(zip(self.NAMES, views)):
-            self.stacks[name] = ((view, np.stack([b[j].weight.absmax for b in layers]).astype(np.float32),
+            self.stacks[name] = ((np.stack([b[j].weight.w_i8 for b in layers]),
+                                  np.stack([b[j].weight.absmax for b in layers]).astype(np.float32),
                                   np.stack([b[j].weight.w_row_sums for b in layers]).astype(np.int32))
                                  if self.int8_layers else view)
         self.stacks["head"] = ((np.ascontiguousarray(head.weight.w_i8), np.ascontiguousarray(head.weight.absmax),
                                 np.ascontiguousarray(head.weight.w_row_sums)) if self.int8_head
                                else np.ascontiguousarray(head))
+        self._head_panels = _panels(head.weight.w_i8) if self.int8_head else None
         int8 = [(4 * i + j, b[j]) for i, b in enumerate(layers) for j in range(4) if self.int8_layers]
         int8 += [(4 * L, head)] if self.int8_head else []
         self._int8_linears = [layer for _, layer in int8]  # their thresholds are read at each call
@@ -494,13 +513,13 @@ class LlamaDecodeStep:
         no_scales = (np.empty((0, 0), np.float32), np.empty((0, 0), np.int32))
         scales = [b[1:] if self.int8_layers else no_scales for b in blocks]
         no_head = (np.empty((0, 0), np.int8), np.empty(0, np.float32), np.empty(0, np.int32))
-        head8 = head_w if self.int8_head else no_head
+        head8 = (self._head_panels, *head_w[1:]) if self.int8_head else no_head
         empty32, empty8 = np.empty(0, np.float32), np.empty(0, np.int8)
         self._weights = (empty32 if self.int8_layers else self.block_weights,
                          np.empty((0, 0), np.float32) if self.int8_head else head_w,
                          self.block_weights if self.int8_layers else empty8, head8[0],
                          tuple(b[0] for b in scales), head8[1], tuple(b[1] for b in scales), head8[2],
-                         starts, np.array(expected, dtype=np.int64))
+                         starts, arena_shapes)
         # the outputs a linear step divides among its tasks (GATE_UP: features of the SwiGLU product)
         self._outputs_of = {QKV: self.qkv_size, O_PROJ: H, GATE_UP: I, DOWN: H, HEAD: self.vocab}
         self._plans = {}  # by (logits, threads, pieces)
@@ -520,8 +539,8 @@ class LlamaDecodeStep:
         # of values that are not finite
         self._counters = _lines((((numba.config.NUMBA_NUM_THREADS + 1) * n_steps + 1) * COUNTER_STRIDE,), np.int64)
         self._scale = np.float32(1.0 / np.sqrt(self.head_dim))  # as the per-layer path computes the scale
-        self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 rows ask for their weight (``int8_rows``); no value
-        # depends on it
+        self.row_prefetch = ROWS_AT_ONCE * ROW_PREFETCH  # how far ahead (rows of panels) the int8 products ask for
+        # their weight (``int8_panel_rows``); no value depends on it
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -748,10 +767,10 @@ def _arena(per_kind):
     """The blocks' weights, ``per_kind[j][i]`` the (out, in) weight of linear j of block i, copied into one 1-D array
     block by block in the order a token reads them (block 0's wqkv, wo, w_gate_up, w_down, then block 1's, ...), so
     that each thread streams ascending memory through the token. Returns the arena, the element offset of each
-    (block, linear) (L, 4), and the per-kind (L, out, in) views of it. A plain read of SmolLM2's int8 weights in
-    one region, in the step's order, each linear's weight split in two halves, one per thread (2-vCPU Xeon): 27.4
-    GB/s from four stacks, one per kind, 28.0-29.0 from the arena. The arena lies on huge pages
-    (``kernels._common.memory.huge_page_empty``, with the evidence)."""
+    (block, linear) (L, 4), the per-kind (L, out, in) views of it and the per-kind (out, in) shapes (4, 2). A
+    plain read of SmolLM2's int8 weights in one region, in the step's order, each linear's weight split in two
+    halves, one per thread (2-vCPU Xeon): 27.4 GB/s from four stacks, one per kind, 28.0-29.0 from the arena. The
+    arena lies on huge pages (``kernels._common.memory.huge_page_empty``, with the evidence)."""
     L = len(per_kind[0])
     shapes = [weights[0].shape for weights in per_kind]  # (out, in) per kind
     sizes = [o * k for o, k in shapes]
@@ -766,7 +785,17 @@ def _arena(per_kind):
     item = arena.itemsize
     views = [np.ndarray((L, o, k), dtype=arena.dtype, buffer=arena, offset=int(offsets[j]) * item,
                         strides=(block * item, k * item, item)) for j, (o, k) in enumerate(shapes)]
-    return arena, starts, views
+    return arena, starts, views, np.array(shapes, dtype=np.int64)
+
+
+def _panels(w_i8, pair=False):
+    """The (N, K) int8 weight in panels of 16 rows (``kernels.int8.panels.pack``); with ``pair`` (the gate and up
+    projections stacked), each half packed on its own and the two one after the other, so that the up rows start
+    a panel whatever the size of a half."""
+    if not pair:
+        return pack(w_i8)
+    half = w_i8.shape[0] // 2
+    return np.concatenate([pack(w_i8[:half]), pack(w_i8[half:])])
 
 
 def _norms(name, norms, shape):

@@ -258,7 +258,8 @@ def _split_gemv(x, weight: Int8Weight, threshold):
     with serial_if_small(multiply_adds=x.size * y.shape[1]):  # M·K·N: a small product on the calling thread
         if x.shape[0] == 1 and numba.get_num_threads() == 1 and rows.ROW_PREFETCH:
             # one vector on one thread, where the rows' prefetch is on (``rows.ROW_PREFETCH``: not on AMD): the
-            # fused decode step's row kernel, whose four streams and prefetch keep one core's reads in flight
+            # row kernel (the fused decode step's before its panels), whose four streams and prefetch keep one core's
+            # reads in flight
             # (``rows.gemv``: K = N = 2048 streamed from DRAM, against ``_vnni.split_gemv`` when it read four
             # adjacent rows at once, 0.52 -> 0.39 ms on a 2-vCPU AMD EPYC). Without the prefetch, one row at a time
             # is faster on one thread: ``_vnni.split_gemv`` now, against ``rows.gemv`` without prefetch on the same

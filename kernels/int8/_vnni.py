@@ -254,21 +254,24 @@ def _masked(builder, name, fn_type, args):
 
 
 @intrinsic
-def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
+def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, first, lane_stride, group_stride):
     """``_numba_cpu._plus_outliers`` for the ``count`` (1 to 16) outputs n0 .. n0 + count − 1 at once, in place:
     y[n] += Σ_j x_o[0, j] · float16(w[n, cols[j]] · absmax_w[n] / 127), over j < J in order, one output per lane.
 
     Each lane does what the scalar code does, in the same order (the float32 product, the rounding to binary16 and
     back, the product with the feature's value, the sum), so the outputs are bit for bit the scalar ones; 16 at
     once, where LLVM kept the scalar loop scalar. A step of j gathers the 16 weights of column cols[j] (16 loads of
-    a byte, rows K apart). Lanes past ``count`` read row n0 and write nothing. y, absmax_w (N,) float32, x_o (1, K)
-    float32, cols (K,) int64, w_flat the (N, K) int8 weight's flat view."""
+    a byte). Lanes past ``count`` read output n0's weight and write nothing. y, absmax_w (N,) float32, x_o (1, K)
+    float32, cols (K,) int64, w_flat the int8 weight's flat view, in which w[n0 + l, c] is the byte at
+    first + l·lane_stride + (c // 4)·group_stride + c % 4: rows of K bytes (n0·K, K, 4), or a panel of 16 rows
+    (``kernels.int8.panels``: the panel's first byte, 4, 64)."""
     arrays = (y, absmax_w, x_o, cols, w_flat)
-    if not (all(_is_c_array(a) for a in arrays) and all(isinstance(i, types.Integer) for i in (n0, count, J, K))):
+    if not (all(_is_c_array(a) for a in arrays)
+            and all(isinstance(i, types.Integer) for i in (n0, count, J, first, lane_stride, group_stride))):
         return None
 
     def codegen(context, builder, signature, args):
-        y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t, w_t, K_t = signature.args
+        y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t, w_t, first_t, lane_t, group_t = signature.args
         i64 = ir.IntType(64)
 
         def data(array_type, value):
@@ -276,7 +279,9 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
 
         n0_v = context.cast(builder, args[1], n0_t, types.int64)
         count_v = context.cast(builder, args[2], count_t, types.int64)
-        K_v = context.cast(builder, args[8], K_t, types.int64)
+        first_v = context.cast(builder, args[8], first_t, types.int64)
+        lane_v = context.cast(builder, args[9], lane_t, types.int64)
+        group_v = context.cast(builder, args[10], group_t, types.int64)
         lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
         mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
         masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
@@ -289,15 +294,17 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
         step = builder.fdiv(absmax, ir.Constant(_FLOATS, [float(QMAX)] * LANES))  # absmax_w[n] / 127, per lane
         w_data = builder.bitcast(data(w_t, args[7]), ir.IntType(8).as_pointer())
         last = builder.sub(count_v, ir.Constant(i64, 1))
-        rows = []  # &w[n0 + min(l, count − 1), 0]
+        rows = []  # the address of w[n0 + min(l, count − 1), 0]
         for lane in range(LANES):
             r = builder.select(builder.icmp_signed("<", ir.Constant(i64, lane), count_v), ir.Constant(i64, lane), last)
-            rows.append(builder.gep(w_data, [builder.mul(builder.add(n0_v, r), K_v)]))
+            rows.append(builder.gep(w_data, [builder.add(first_v, builder.mul(r, lane_v))]))
         cols_p, xo_p = data(cols_t, args[5]), data(xo_t, args[4])
         J_v = context.cast(builder, args[6], J_t, types.int64)
         with cgutils.for_range(builder, J_v) as loop:
             j = loop.index
             c = builder.load(builder.gep(cols_p, [j]))
+            c = builder.add(builder.mul(builder.ashr(c, ir.Constant(i64, 2)), group_v),
+                            builder.and_(c, ir.Constant(i64, 3)))  # (c // 4)·group_stride + c % 4
             xj = builder.load(builder.gep(xo_p, [j]))
             w = ir.Constant(ir.VectorType(ir.IntType(8), LANES), None)
             for lane in range(LANES):
@@ -310,7 +317,7 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, K):
                 [builder.load(acc), y_p, _I32(4), mask])
         return context.get_dummy_value()
 
-    return types.none(y, n0, count, absmax_w, x_o, cols, J, w_flat, K), codegen
+    return types.none(y, n0, count, absmax_w, x_o, cols, J, w_flat, first, lane_stride, group_stride), codegen
 
 
 # -- kernels ---------------------------------------------------------------------------------------------------

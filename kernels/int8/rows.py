@@ -1,5 +1,6 @@
 """LLM.int8()'s decode GEMV in pieces that a fused step can schedule itself: ``prepare`` quantizes one activation
-vector into buffers the caller owns, and ``int8_rows`` computes any range of outputs from them. Run one after the
+vector into buffers the caller owns, and ``int8_rows`` computes any range of outputs from them (the fused decode
+step reads its weights in panels instead, ``kernels.int8.panels``, from the same prepared buffers). Run one after the
 other they give what ``Int8Linear`` gives for one row of x (weights kept in int8 only), bit for bit: the outlier
 scan, the rounding and the float epilogue are ``split_gemv``'s own code (``_numba_cpu``; on the ``vpdpbusd`` path
 the outlier products run 16 outputs at a time, ``_vnni.plus_outliers16``, with the same operations in each lane),
@@ -127,7 +128,7 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
                 # 576) with 7 outlier features on one thread (``gemv``), alternating in one process, 8 rounds of
                 # 15 calls (2-vCPU AMD EPYC, Zen 4): scalar 2.53-2.80 ms, this 1.97-2.30, faster in every round
                 for m in range(b0 + r * q, b1 + r * q, LANES):
-                    plus_outliers16(y, m, min(LANES, b1 + r * q - m), absmax_w, x_o, cols, J, flat, K)
+                    plus_outliers16(y, m, min(LANES, b1 + r * q - m), absmax_w, x_o, cols, J, flat, m * K, K, 4)
     for m in range(n0 + ROWS_AT_ONCE * q, n1):  # the last n1 − n0 mod 4 rows (at most three a call)
         c = _corrected(_dot_row(x_u8, 0, w_i8, m), w_row_sums[m])
         y[m] = _gemv_output(c, 0, m, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)

@@ -14,8 +14,8 @@ from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, cla
 from kernels._common.memory import HUGE_PAGE_BYTES
 from kernels._common.prefetch import PREFETCH_ROWS, row_prefetch_rows
 from kernels.dense import matmul_nt
-from kernels.int8 import Int8Linear, _api, _vnni
-from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
+from kernels.int8 import Int8Linear, _api, _vnni, panels
+from kernels.int8.rows import ROWS_AT_ONCE, int8_rows, padded_k, path_marker, prepare
 
 from tests.helpers import HUGE_PAGES, NO_HUGE_PAGES, assert_close, numba_threads, vm_flags
 
@@ -140,10 +140,10 @@ def test_calls_from_two_threads_at_once_give_the_serial_results(rng):
         assert len(results[i]) == 20 and all(np.array_equal(r, serial[i]) for r in results[i])
 
 
-@pytest.mark.parametrize("row_prefetch", [0, PREFETCH_ROWS])
+@pytest.mark.parametrize("row_prefetch", [0, ROWS_AT_ONCE * PREFETCH_ROWS])
 def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path, row_prefetch):
     # many outlier features (threshold 0.5) and none (threshold 0): the epilogue's float16 part and its absence;
-    # with the int8 rows' prefetch off (AMD) and on (other vendors)
+    # with the int8 panels' prefetch off (AMD) and on (other vendors)
     for threshold in (0.5, 0.0):
         layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, threshold)
         step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
@@ -421,12 +421,18 @@ def test_a_wait_that_streams_ahead_returns_once_the_count_is_reached(dtype, pair
 def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng, int8):
     layers, an, fn, final, head = _model(rng, 3, 4, 2, 8, 40, 77, int8, False, 6.0)
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
-    weights = [w.weight.w_i8 if int8 else w for block in layers for w in block]  # block 0's four, block 1's, ...
+    # block 0's four, block 1's, ...: float32 rows, int8 panels (w_gate_up's two halves packed apart)
+    weights = [(_step._panels(w.weight.w_i8, pair=j == 2) if int8 else w) for block in layers
+               for j, w in enumerate(block)]
     assert np.array_equal(step.block_weights, np.concatenate([w.reshape(-1) for w in weights]))
     for j, name in enumerate(decode.LlamaDecodeStep.NAMES):
-        view = step.stacks[name][0] if int8 else step.stacks[name]
-        assert np.shares_memory(view, step.block_weights)
+        view = step.stacks[name][0] if int8 else step.stacks[name]  # the rows, for the per-layer path
+        assert np.shares_memory(view, step.block_weights) != int8  # shared in float32 (one copy); int8 beside
         assert all(np.array_equal(view[i], (layers[i][j].weight.w_i8 if int8 else layers[i][j])) for i in range(3))
+    if int8:  # the gate and up halves of 40 rows: each in three panels, the last one partial
+        gate_up = _step._panels(layers[0][2].weight.w_i8, pair=True)
+        assert gate_up.shape[0] == 2 * 48
+        assert np.array_equal(panels.unpack(gate_up[48:], 40, 32), layers[0][2].weight.w_i8[40:])
 
 
 @pytest.mark.skipif(not HUGE_PAGES, reason=NO_HUGE_PAGES)

@@ -113,7 +113,7 @@ def test_sixteen_outputs_outlier_products_equal_the_scalar_ones_bit_for_bit(rng,
 
     @njit
     def vector(y, n0, count, absmax_w, x_o, cols, J, w):
-        _vnni.plus_outliers16(y, n0, count, absmax_w, x_o, cols, J, w.reshape(-1), w.shape[1])
+        _vnni.plus_outliers16(y, n0, count, absmax_w, x_o, cols, J, w.reshape(-1), n0 * w.shape[1], w.shape[1], 4)
 
     @njit
     def scalar(y, n0, count, absmax_w, x_o, cols, J, w):
