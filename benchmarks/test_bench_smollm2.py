@@ -53,8 +53,8 @@ def _weights_read_bytes_per_s(model, passes=5):
     the step would stream at if its products and steps cost nothing."""
     step = model._one_region_step()
     head = step.stacks["head"]
-    arrays = [a.reshape(-1).view(np.float32)  # int8: the weights, not the scales
-              for a in (step.block_weights, head[0] if isinstance(head, tuple) else head)]
+    arrays = [a.reshape(-1).view(np.float32)  # int8: the weights as the step reads them (rows, panels), not scales
+              for a in (step.block_weights, step._head8 if isinstance(head, tuple) else head)]
 
     def one_pass():
         start = time.perf_counter()

@@ -400,8 +400,9 @@ class SmolLM2:
         return self._step or None
 
     def _share_step_weights(self):
-        """Point the blocks at the step's stacked copies of their weights (one copy in memory, used by both paths;
-        the LM head is used in place)."""
+        """Point the blocks at the step's stacked copies of their weights' rows (float32, and int8 where the step
+        keeps rows: one copy in memory, used by both paths; where the step keeps its int8 weights in panels, the
+        rows are a second copy, ``kernels.decode.LlamaDecodeStep``; the LM head is used in place)."""
         from kernels.int8 import Int8Weight
 
         stacks = self._step.stacks

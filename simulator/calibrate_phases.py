@@ -20,8 +20,8 @@ from numba import njit, prange
 from kernels._common.numba_cpu import FASTMATH, exp_row, row_max
 from kernels.cpuinfo import cache_sizes, user_cache_dir
 from kernels.dense import gemv_rows
-from kernels.int8.panels import PANEL_ROWS, int8_panel_rows
-from kernels.int8.rows import ROW_PREFETCH, ROWS_AT_ONCE, padded_k, path_marker, prepare
+from kernels.int8.panels import GROUP, PANEL_ROWS, PANELS, layout_rows
+from kernels.int8.rows import ROW_PREFETCH, padded_k, path_marker, prepare
 
 from .calibrate import (CACHE_FILE, cache_stamp, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled,
                         launch_overhead, machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
@@ -358,27 +358,27 @@ def _rows_fp32(x, w, y, threads):
 
 
 @njit(parallel=True, cache=True)
-def _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads, ahead):
+def _step_int8(path, in_panels, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y, threads, ahead):
     per = -(-w.shape[0] // (threads * PANEL_ROWS)) * PANEL_ROWS  # whole panels per thread
     for t in prange(threads):
-        int8_panel_rows(path, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per,
-                        min(w.shape[0], (t + 1) * per), 0, ahead)
+        layout_rows(path, in_panels, x_u8, 0, cols, x_o, absmax_x, w, absmax_w, row_sums, y, t * per,
+                    min(w.shape[0], (t + 1) * per), 0, ahead)
 
 
 @njit(cache=True)
-def _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, times, ahead):
+def _step_int8_again(path, in_panels, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, times, ahead):
     for _ in range(times):  # on the calling thread
-        int8_panel_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0], 0, ahead)
+        layout_rows(path, in_panels, x_u8, J, cols, x_o, absmax_x, w, absmax_w, row_sums, y, 0, w.shape[0], 0, ahead)
 
 
 def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *, outliers: bool = True,
                       k: int = STEP_K) -> dict:
     """Weight bytes/s of the decode step's row kernels from DRAM: ``kernels.dense.gemv_rows`` over an (N, K)
-    float32 view of a quarter of the mapped ``buffer`` (K = ``k``), and ``kernels.int8.panels.int8_panel_rows``
-    (the step's int8 products, on the path ``Int8Linear`` takes, no outlier feature) over the same bytes as int8
-    panels, each split into one contiguous run of rows per thread in one parallel region; the region's launch is
-    included, as the step pays one too. And ``step_outlier_s``, a thread's seconds per output and outlier feature in
-    ``int8_panel_rows``: the same rows with
+    float32 view of a quarter of the mapped ``buffer`` (K = ``k``), and the step's int8 products
+    (``kernels.int8.panels.layout_rows``: panels where ``PANELS``, else rows; on the path ``Int8Linear`` takes, no
+    outlier feature) over the same bytes as int8, each split into one contiguous run of whole panels per thread in
+    one parallel region; the region's launch is included, as the step pays one too. And ``step_outlier_s``, a
+    thread's seconds per output and outlier feature in those products: the same rows with
     OUTLIER_FEATURES outliers against none, on the calling thread, over a weight of half its L2 read 20 times in one
     call (so that the difference is the float16 products, not DRAM's or a region's launch's noise).
 
@@ -395,13 +395,14 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     if working_bytes is None:
         size = buffer.size // 4
     else:
-        size = max(K, int(working_bytes) // 4)
+        size = max(PANEL_ROWS * K, int(working_bytes) // 4)  # 16 float32 rows, 64 int8 ones at least
         if size > buffer.size:
             buffer = filled(size, 1.0, np.float32)
     streamed = buffer[:size // K * K]
     w32 = streamed.reshape(-1, K)  # (N, K)
-    w8 = streamed.view(np.int8).reshape(-1, K)  # (4N, K): the same bytes as int8 panels (their values do not matter)
-    w8 = w8[:max(PANEL_ROWS, w8.shape[0] // PANEL_ROWS * PANEL_ROWS)]  # whole panels
+    Kp = -(-K // GROUP) * GROUP  # an int8 panel's row: K rounded up to 4 (``kernels.int8.panels.panel_shape``)
+    w8 = streamed[:size // Kp * Kp].view(np.int8).reshape(-1, Kp)  # (4N', Kp): the same bytes as int8 weights
+    w8 = w8[:w8.shape[0] // PANEL_ROWS * PANEL_ROWS]  # whole panels (their values do not matter)
     x = np.ones(K, dtype=np.float32)
     y32, y8 = np.empty(w32.shape[0], np.float32), np.empty(w8.shape[0], np.float32)
     flags, cols, x_o, x_u8, absmax_x = (np.empty(K, np.bool_), np.empty(K, np.int64), np.empty((1, K), np.float32),
@@ -409,10 +410,10 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     prepare(x[None], 0.0, flags, cols, x_o, x_u8, absmax_x)  # threshold 0: no outlier feature
     absmax_w, row_sums = np.ones(w8.shape[0], np.float32), np.zeros(w8.shape[0], np.int32)
     path = path_marker()
-    ahead = ROWS_AT_ONCE * ROW_PREFETCH  # as the decode step asks for its panels
 
     def int8(w):  # no outlier feature
-        return _rows_int8(path, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads, ahead)
+        return _step_int8(path, PANELS, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads,
+                          ROW_PREFETCH)
 
     _rows_fp32(x, w32[:8], y32, threads)  # compile and warm
     int8(w8[:PANEL_ROWS])
@@ -423,11 +424,11 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     x_outliers = np.ones((1, K), dtype=np.float32)
     x_outliers[0, ::K // OUTLIER_FEATURES] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
     J = prepare(x_outliers, 6.0, flags, cols, x_o, x_u8, absmax_x)
-    resident, times = w8[:max(PANEL_ROWS, cache_sizes().get("L2", 2**20) // 2 // K // PANEL_ROWS * PANEL_ROWS)], 20
+    resident, times = w8[:max(PANEL_ROWS, cache_sizes().get("L2", 2**20) // 2 // Kp // PANEL_ROWS * PANEL_ROWS)], 20
 
     def again(J):
-        return _best(lambda: _rows_int8_again(path, x_u8, J, cols, x_o, absmax_x, resident, absmax_w, row_sums, y8,
-                                              times, ahead), repeats=5, warmup=1)
+        return _best(lambda: _step_int8_again(path, PANELS, x_u8, J, cols, x_o, absmax_x, resident, absmax_w,
+                                              row_sums, y8, times, ROW_PREFETCH), repeats=5, warmup=1)
 
     rates["step_outlier_s"] = _per_product(again(J) - again(0), times * resident.shape[0] * J)
     return rates

@@ -95,13 +95,15 @@ from .._common.memory import huge_page_empty
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
-from ..int8.panels import int8_panel_rows, pack
-from ..int8.rows import ROW_PREFETCH, ROWS_AT_ONCE, padded_k, path_marker, prepare
+from ..int8 import panels as int8_panels
+from ..int8.panels import PANEL_ROWS, layout_rows, pack
+from ..int8.rows import ROW_PREFETCH, padded_k, path_marker, prepare
 from ._fused import PIECE_SLOTS, _add_rms_norm, _attend_piece, _combine, _rope_write, piece_width
 
 TASKS_PER_THREAD = 4  # tasks of a linear step per thread: enough for a thread that starts late or is preempted to
 # be covered by the others, few enough that each task streams a long run of weight rows (v8 tried eight)
-MIN_ROWS_PER_TASK = 16  # outputs: a task is at least 16 rows (9-24 KB of int8 at K = 576-1536), whatever the count
+MIN_ROWS_PER_TASK = PANEL_ROWS  # outputs: a task is a multiple of 16 rows (9-24 KB of int8 at K = 576-1536), so
+# that each starts an int8 panel (``kernels.int8.panels``: a task's outputs are whole panels but for the last)
 AHEAD_BYTES = 256 * 1024  # the most a waiting thread asks for of its next linear step's rows (``_wait_streaming``):
 # half the smallest L2 per core of current x86 server cores (512 KiB: AMD Zen 2 to Zen 3, AMD's software
 # optimization guides; Intel's from Skylake-SP on hold 1-2 MiB), so that the lines are still there when it reads
@@ -110,6 +112,8 @@ AHEAD_BYTES = 256 * 1024  # the most a waiting thread asks for of its next linea
 # the kinds of step, in the order a block runs them (COMBINE after ATTEND where a kv head's slots come in pieces)
 NORM_ATTN, QKV, ATTEND, COMBINE, PREP_O, O_PROJ, NORM_FFN, GATE_UP, PREP_ACT, DOWN, NORM_FINAL, HEAD = range(12)
 QKV_LIN, O_LIN, GATE_UP_LIN, DOWN_LIN, HEAD_LIN = range(5)  # a block's linear layers; the LM head is linear 4·L
+FLOAT32, INT8_ROWS, INT8_PANELS = range(3)  # the kinds of linear layer (``lin_kind``): float32 rows, int8 rows,
+# int8 panels (``kernels.int8.panels.PANELS`` chooses the int8 layout)
 LINEAR_STEPS = (QKV, O_PROJ, GATE_UP, DOWN, HEAD)  # the steps that read a weight
 
 
@@ -118,15 +122,15 @@ LINEAR_STEPS = (QKV, O_PROJ, GATE_UP, DOWN, HEAD)  # the steps that read a weigh
 # of a count that all threads share, and at a few dozen per task those updates cost more than the task (the linear
 # steps ran 2.4x slower on two threads than on one). So a worker takes each array out once per step.
 @njit(cache=True)
-def _linear_rows(is_int8, path, ahead, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1,
-                 shift):
-    """y[n0:n1] = outputs n0..n1-1 of one linear for the input v (already prepared into x_u8 .. absmax_x, with J
-    outliers, when int8: w8 is then the weight in panels, output n in its row n + shift, and ``ahead`` the panels'
-    prefetch, ``kernels.int8.panels.int8_panel_rows``)."""
-    if not is_int8:
+def _linear_rows(kind, path, ahead, v, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o, absmax_x, y, n0, n1, shift):
+    """y[n0:n1] = outputs n0..n1-1 of one linear of ``kind`` (FLOAT32, INT8_ROWS, INT8_PANELS) for the input v
+    (already prepared into x_u8 .. absmax_x, with J outliers, when int8: w8 is then the weight in rows, or in panels
+    with output n in its row n + shift; ``ahead`` the int8 products' prefetch, ``kernels.int8.panels.layout_rows``)."""
+    if kind == FLOAT32:
         gemv_rows(v, w32, y, n0, n1)
     else:
-        int8_panel_rows(path, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1, shift, ahead)
+        layout_rows(path, kind == INT8_PANELS, x_u8, J, cols, x_o, absmax_x, w8, absmax_w, row_sums, y, n0, n1, shift,
+                    ahead)
 
 
 @njit(cache=True)
@@ -232,7 +236,7 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
             y = gate_up
         elif j == DOWN_LIN:
             v_in, y = act, delta
-        is_int8 = lin_kind[lin] == 1
+        is_int8 = lin_kind[lin] != FLOAT32
         if j != HEAD_LIN and is_int8:
             w8, absmax_w, row_sums = _block(arena8, starts, shapes, j, layer), blocks_a[j][layer], blocks_r[j][layer]
         elif j != HEAD_LIN:
@@ -279,17 +283,17 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
             elif kind == GATE_UP:  # gate and up rows of the same features, then SwiGLU (Shazeer 2020)
                 n_act = act.size
                 n1 = min(n0 + rows[s], n_act)
-                _linear_rows(is_int8, path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
+                _linear_rows(lin_kind[lin], path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
                              absmax_x, gate_up, n0, n1, 0)
-                # the up rows: the int8 weight's second half of panels (``_panels``), the float32 one's rows
-                _linear_rows(is_int8, path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
+                # the up rows: in panels, the weight's second half of panels (``_panels``)
+                _linear_rows(lin_kind[lin], path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
                              absmax_x, gate_up, n_act + n0, n_act + n1, w8.shape[0] // 2 - n_act)
                 for i in range(n0, n1):
                     g = gate_up[i]
                     act[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n_act + i]
             else:  # QKV, O_PROJ, DOWN, HEAD
-                _linear_rows(is_int8, path, row_prefetch, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
-                             absmax_x, y, n0, min(n0 + rows[s], y.size), 0)
+                _linear_rows(lin_kind[lin], path, row_prefetch, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols,
+                             x_o, absmax_x, y, n0, min(n0 + rows[s], y.size), 0)
             if s == kinds.size - 1:  # the step that makes the result (the head's rows, or h): count what is not
                 # finite while it is in this core's cache, for the caller to refuse (``LlamaDecodeStep.__call__``)
                 result, r0, r1 = (h, 0, h.size) if kind == NORM_FINAL else (y, n0, min(n0 + rows[s], y.size))
@@ -308,7 +312,7 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
         j_next, lin_next = _linear_of(kinds[nxt], layers[nxt])
         first_task, last_task = home_block(worker, n_workers, tasks[nxt])
         pair = kinds[nxt] == GATE_UP  # a task's gate rows and the up rows of the same features
-        if lin_kind[lin_next] == 1:  # (two calls: the int8 and the float32 weight are two types)
+        if lin_kind[lin_next] != FLOAT32:  # (two calls: the int8 and the float32 weight are two types)
             _wait_ahead(counters, done, n_tasks, head8 if j_next == HEAD_LIN else
                         _block(arena8, starts, shapes, j_next, layers[nxt]), first_task, last_task, rows[nxt], pair)
         else:
@@ -439,12 +443,13 @@ class LlamaDecodeStep:
     as (L, out, in) rows: for float32 a view of the array, which a caller may point its own layers at to keep one
     copy; for int8 a stack of the rows beside the panels (two copies: the per-layer path, prefill's included, reads
     rows), with their absmax and row sums; and the head. The region takes each block's weight as a view of the
-    array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one). Calling the step (``__call__``) advances the
-    residual stream x in place, writes each block's key and value at its slot and returns the logits (or the
-    final-normed hidden state). One call runs at a time (a lock: the region's buffers are the object's own). The
-    outputs are the per-layer path's (``kernels.decode.add_rms_norm``, ``rope_attend``, ``swiglu`` between the
-    linear layers), the int8 ones bit for bit. Sources: RMSNorm (Zhang & Sennrich 2019), RoFormer
-    (Su et al. 2021), GQA (Ainslie et al. 2023), SwiGLU (Shazeer 2020), LLM.int8() (Dettmers et al. 2022).
+    array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one).
+    Calling the step (``__call__``) advances the residual stream x in place, writes each block's key and value at
+    its slot and returns the logits (or the final-normed hidden state). One call runs at a time (a lock: the
+    region's buffers are the object's own). The outputs are the per-layer path's (``kernels.decode.add_rms_norm``,
+    ``rope_attend``, ``swiglu`` between the linear layers), the int8 ones bit for bit. Sources: RMSNorm (Zhang &
+    Sennrich 2019), RoFormer (Su et al. 2021), GQA (Ainslie et al. 2023), SwiGLU (Shazeer 2020), LLM.int8()
+    (Dettmers et al. 2022).
     """
 
     NAMES = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -477,29 +482,35 @@ class LlamaDecodeStep:
         for j, (name, shape) in enumerate(zip(self.NAMES, expected)):
             _check_weights([f"layers[{i}].{name}" for i in range(L)], [b[j] for b in layers], shape)
         _check_weights(["head"], [head], (self.vocab, H))  # used in place (a tied head is the embedding)
-        # the blocks' weights in one arena, in the order a token reads them; per kind an (L, out, in) view of it,
-        # int8 with the stacked absmax and row sums
-        # float32: the model's layers may share them (``stacks``); int8: in panels of 16 rows, the operand layout of
-        # vpdpbusd (``kernels.int8.panels``: 1.15-1.3x the rows' streaming rate), and the rows stacked per kind
-        # beside them for the per-layer path, with the stacked absmax and row sums
+        # the blocks' weights in one arena, in the order a token reads them: rows, whose (L, out, in) views per kind
+        # the model's layers may share (``stacks``; int8 with the stacked absmax and row sums); or, where the int8
+        # products run on vpdpbusd (``kernels.int8.panels.PANELS``), int8 panels of 16 rows, the instruction's operand
+        # layout (1.15-1.3x the rows' streaming rate there), and the rows stacked per kind beside them for the
+        # per-layer path
+        self.int8_panels = int8_panels.PANELS and (self.int8_layers or self.int8_head)
+        in_panels = self.int8_panels and self.int8_layers
         self.block_weights, starts, views, arena_shapes = _arena(
-            [[_panels(b[j].weight.w_i8, pair=j == 2) if self.int8_layers else b[j] for b in layers]
-             for j in range(len(self.NAMES))])
+            [[(_panels(b[j].weight.w_i8, pair=j == GATE_UP_LIN) if in_panels else b[j].weight.w_i8)
+              if self.int8_layers else b[j] for b in layers] for j in range(len(self.NAMES))])
         self.stacks = {}
         for j, (name, view) in enumerate(zip(self.NAMES, views)):
-            self.stacks[name] = ((np.stack([b[j].weight.w_i8 for b in layers]),
-                                  np.stack([b[j].weight.absmax for b in layers]).astype(np.float32),
+            rows = np.stack([b[j].weight.w_i8 for b in layers]) if in_panels else view  # (L, out, in)
+            self.stacks[name] = ((rows, np.stack([b[j].weight.absmax for b in layers]).astype(np.float32),
                                   np.stack([b[j].weight.w_row_sums for b in layers]).astype(np.int32))
                                  if self.int8_layers else view)
         self.stacks["head"] = ((np.ascontiguousarray(head.weight.w_i8), np.ascontiguousarray(head.weight.absmax),
                                 np.ascontiguousarray(head.weight.w_row_sums)) if self.int8_head
                                else np.ascontiguousarray(head))
-        self._head_panels = _panels(head.weight.w_i8) if self.int8_head else None
+        # the int8 head as the products read it: panels on huge pages as the arena, or its rows in place
+        self._head8 = (_on_huge_pages(_panels(head.weight.w_i8)) if self.int8_panels else self.stacks["head"][0]) \
+            if self.int8_head else None  # (vocab rounded up to 16, hidden rounded up to 4) or (vocab, hidden)
         int8 = [(4 * i + j, b[j]) for i, b in enumerate(layers) for j in range(4) if self.int8_layers]
         int8 += [(4 * L, head)] if self.int8_head else []
         self._int8_linears = [layer for _, layer in int8]  # their thresholds are read at each call
         self._int8_index = np.array([lin for lin, _ in int8], dtype=np.int64)
-        self._lin_kind = np.array([int(self.int8_layers)] * 4 * L + [int(self.int8_head)], dtype=np.int8)
+        int8_kind = INT8_PANELS if self.int8_panels else INT8_ROWS
+        self._lin_kind = np.array([int8_kind if self.int8_layers else FLOAT32] * 4 * L
+                                  + [int8_kind if self.int8_head else FLOAT32], dtype=np.int8)
         self._thresholds = np.zeros(4 * L + 1, dtype=np.float32)  # of the int8 linears, read at each call
         self._outliers = _lines((4 * L + 1,), np.int64)  # the outlier features each int8 linear met, all calls
         self._outliers[:] = 0
@@ -513,7 +524,7 @@ class LlamaDecodeStep:
         no_scales = (np.empty((0, 0), np.float32), np.empty((0, 0), np.int32))
         scales = [b[1:] if self.int8_layers else no_scales for b in blocks]
         no_head = (np.empty((0, 0), np.int8), np.empty(0, np.float32), np.empty(0, np.int32))
-        head8 = (self._head_panels, *head_w[1:]) if self.int8_head else no_head
+        head8 = (self._head8, *head_w[1:]) if self.int8_head else no_head
         empty32, empty8 = np.empty(0, np.float32), np.empty(0, np.int8)
         self._weights = (empty32 if self.int8_layers else self.block_weights,
                          np.empty((0, 0), np.float32) if self.int8_head else head_w,
@@ -539,8 +550,8 @@ class LlamaDecodeStep:
         # of values that are not finite
         self._counters = _lines((((numba.config.NUMBA_NUM_THREADS + 1) * n_steps + 1) * COUNTER_STRIDE,), np.int64)
         self._scale = np.float32(1.0 / np.sqrt(self.head_dim))  # as the per-layer path computes the scale
-        self.row_prefetch = ROWS_AT_ONCE * ROW_PREFETCH  # how far ahead (rows of panels) the int8 products ask for
-        # their weight (``int8_panel_rows``); no value depends on it
+        self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 products ask for their weight (``int8_rows``,
+        # ``int8_panel_rows``); no value depends on it
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -767,7 +778,8 @@ def _arena(per_kind):
     """The blocks' weights, ``per_kind[j][i]`` the (out, in) weight of linear j of block i, copied into one 1-D array
     block by block in the order a token reads them (block 0's wqkv, wo, w_gate_up, w_down, then block 1's, ...), so
     that each thread streams ascending memory through the token. Returns the arena, the element offset of each
-    (block, linear) (L, 4), the per-kind (L, out, in) views of it and the per-kind (out, in) shapes (4, 2). A
+    (block, linear) (L, 4), the per-kind (L, out, in) views of it (of panels' bytes where the weights are int8
+    panels) and the per-kind (out, in) shapes (4, 2). A
     plain read of SmolLM2's int8 weights in one region, in the step's order, each linear's weight split in two
     halves, one per thread (2-vCPU Xeon): 27.4 GB/s from four stacks, one per kind, 28.0-29.0 from the arena. The
     arena lies on huge pages (``kernels._common.memory.huge_page_empty``, with the evidence)."""
@@ -793,9 +805,16 @@ def _panels(w_i8, pair=False):
     projections stacked), each half packed on its own and the two one after the other, so that the up rows start
     a panel whatever the size of a half."""
     if not pair:
-        return pack(w_i8)
+        return pack(w_i8)  # (N rounded up to 16, K rounded up to 4)
     half = w_i8.shape[0] // 2
-    return np.concatenate([pack(w_i8[:half]), pack(w_i8[half:])])
+    return np.concatenate([pack(w_i8[:half]), pack(w_i8[half:])])  # (2 · half rounded up to 16, K rounded up to 4)
+
+
+def _on_huge_pages(a):
+    """A copy of the array a on huge pages (``kernels._common.memory.huge_page_empty``), as the arena lies."""
+    copy = huge_page_empty(a.size, a.dtype).reshape(a.shape)
+    copy[...] = a
+    return copy
 
 
 def _norms(name, norms, shape):

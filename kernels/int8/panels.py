@@ -11,14 +11,22 @@ are panel p's bytes (not rows of the weight), so a range of whole panels is a ra
 Why: one 64-byte load of a panel holds 4 k of 16 outputs, so one ``vpdpbusd`` against the input's 4 bytes of those
 k, broadcast to the 16 lanes, adds 64 products into 16 output sums at once: each thread streams one run of
 consecutive bytes, no horizontal sum per output. Row by row (``rows._rows_vnni``) four rows at once keep four streams
-per thread, and each output ends in a sum across its vector's 16 lanes. SmolLM2-135M's int8 weights (134 MB: 30
-blocks and the int8 LM head, in the order a token reads them, each linear's outputs split in two halves on two
-threads, no outliers), the two kernels in turn in one process, 16 rounds, three runs (2-vCPU AMD EPYC, Zen 4,
-KVM): rows 25.6, 24.3, 29.1 GB/s (medians), panels 29.8, 28.0, 37.8, faster in 48 rounds of 48; a plain read of
-the same bytes 31.9, 29.2, 42.2.
+per thread, and each output ends in a sum across its vector's 16 lanes. Random int8 weights of SmolLM2-135M's
+shapes (134 MB: 30 blocks and the int8 LM head, in the order a token reads them, each linear's outputs split in two
+halves on two threads, no outlier feature), the two kernels in turn in one process, 16 rounds, three runs (2-vCPU
+AMD EPYC, Zen 4, KVM): rows 25.6, 24.3, 29.1 GB/s (medians), panels 29.8, 28.0, 37.8, faster in 48 rounds of 48; a
+plain read of the same bytes 31.9, 29.2, 42.2.
 
-The portable path (``path_marker(False)``, CPUs without AVX512-VNNI) computes the same sums with a loop over the
-same layout.
+The portable path (``path_marker(False)``) computes the same sums with a loop over the same layout, for the tests;
+LLVM does not vectorize it, and over SmolLM2's shapes on one thread it ran about 9x slower than the row kernel's
+loop (helper review, 2-vCPU AMD EPYC). So the layout is chosen with the path: ``PANELS`` (the CPU has AVX512-VNNI,
+as Numba sees it) packs panels, elsewhere the weights stay in rows, and ``layout_rows`` runs either kernel.
+
+Versions:
+  v1 (this file): the panels, their ``vpdpbusd`` kernel (four chains over consecutive groups of k, the 16 sums
+      stored with a masked store, the outputs finished per panel, the outlier products 16 outputs at a time from
+      the panel's bytes) and the portable loop. The reference is the row kernels' (``_numba_cpu.split_gemv``):
+      the same bits.
 """
 from __future__ import annotations
 
@@ -29,13 +37,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .._common.prefetch import prefetch_rows
+from . import _vnni
 from ._numba_cpu import QMAX, _dequantized, round_to_float16
+from .rows import ROWS_AT_ONCE, int8_rows
 from ._vnni import (LANES, _address, _I32, _is_c_array, _splat, _VEC, _corrected, int32x16, plus_outliers16, vadd,
                     vdpbusd, vload, vzero)
 
 PANEL_ROWS = LANES  # rows of a panel: one output per int32 lane of a zmm register
 GROUP = 4  # k per lane of one vpdpbusd (Intel SDM vol. 2C, "VPDPBUSD": four byte products per dword)
 PANEL_LINE = PANEL_ROWS * GROUP  # bytes of one group of 4 k of a panel's 16 rows: one 64-byte load
+PANELS = _vnni.AVAILABLE  # the layout that the fused decode step packs its int8 weights in: panels where the
+# products run on vpdpbusd, rows elsewhere (the portable loop over panels is ~9x slower than over rows)
 
 
 def panel_shape(N: int, K: int) -> tuple[int, int]:
@@ -43,25 +55,22 @@ def panel_shape(N: int, K: int) -> tuple[int, int]:
     return -(-N // PANEL_ROWS) * PANEL_ROWS, -(-K // GROUP) * GROUP
 
 
-def pack(w_i8, out=None):
-    """The (N, K) int8 weight w_i8 in panels of 16 rows (the module's docstring): an (N rounded up to 16, K rounded
-    up to 4) int8 array, written into ``out`` (that shape, C-contiguous) when given, and returned."""
+def pack(w_i8):
+    """The (N, K) int8 weight w_i8 in panels of 16 rows (the module's docstring): a new (N rounded up to 16, K
+    rounded up to 4) int8 array."""
     N, K = w_i8.shape
     Np, Kp = panel_shape(N, K)
-    if out is None:
-        out = np.empty((Np, Kp), dtype=np.int8)  # (Np, Kp): panel p in rows 16p .. 16p + 15
     padded = np.zeros((Np, Kp), dtype=np.int8)  # (Np, Kp) the rows, zero past N and K
     padded[:N, :K] = w_i8
     # [p, j, q, r] = w[16p + j, 4q + r] -> [p, q, j, r]
-    out.reshape(Np // PANEL_ROWS, Kp // GROUP, PANEL_ROWS, GROUP)[:] = \
-        padded.reshape(Np // PANEL_ROWS, PANEL_ROWS, Kp // GROUP, GROUP).transpose(0, 2, 1, 3)
-    return out
+    panels = padded.reshape(Np // PANEL_ROWS, PANEL_ROWS, Kp // GROUP, GROUP).transpose(0, 2, 1, 3)  # (P, Kq, 16, 4)
+    return np.ascontiguousarray(panels).reshape(Np, Kp)  # (Np, Kp): panel p in rows 16p .. 16p + 15
 
 
 def unpack(panels, N, K):
     """The (N, K) rows of a packed weight (``pack``'s inverse): a new array."""
     Np, Kp = panels.shape
-    rows = panels.reshape(Np // PANEL_ROWS, Kp // GROUP, PANEL_ROWS, GROUP).transpose(0, 2, 1, 3)
+    rows = panels.reshape(Np // PANEL_ROWS, Kp // GROUP, PANEL_ROWS, GROUP).transpose(0, 2, 1, 3)  # (P, 16, Kq, 4)
     return np.ascontiguousarray(rows.reshape(Np, Kp)[:N, :K])
 
 
@@ -110,8 +119,8 @@ def _panels_vnni(x_u8, J, cols, x_o, absmax_x, w_p, absmax_w, w_row_sums, y, n0,
     for n in range(n0, n1, PANEL_ROWS):
         count = min(PANEL_ROWS, n1 - n)
         base = (n + shift) * Kp  # the panel's first byte
-        if ahead:  # the rows ``ahead`` on (the bytes that the row kernel's four streams keep asked for)
-            prefetch_rows(flat, Kp, n + shift + ahead, n1 + shift, PANEL_ROWS)
+        if ahead:  # the panel ROWS_AT_ONCE·ahead rows on: the bytes the row kernel's four streams keep asked for
+            prefetch_rows(flat, Kp, n + shift + ROWS_AT_ONCE * ahead, n1 + shift, PANEL_ROWS)
         # Σ_k (x + 128)·w for the panel's 16 outputs, one per lane: the input's 4 bytes of each group of k in every
         # lane against the group's 64 bytes; four independent chains over consecutive groups, summed at the end
         a0, a1, a2, a3 = vzero(), vzero(), vzero(), vzero()
@@ -160,10 +169,11 @@ def _panels_loop(x_u8, J, cols, x_o, absmax_x, w_p, absmax_w, w_row_sums, y, n0,
 def int8_panel_rows(path, x_u8, J, cols, x_o, absmax_x, w_p, absmax_w, w_row_sums, y, n0, n1, shift, ahead):
     """y[n0:n1] = the split product of the prepared vector (``rows.prepare``) with outputs n0 .. n1 − 1 of the
     packed int8 weight w_p (``pack``), whose output n lies in row n + shift of w_p; n0 + shift a multiple of 16.
-    absmax_w and w_row_sums are the weight's (indexed by n), y float32. ``path`` as for ``rows.int8_rows``;
-    ``ahead``: how many of w_p's rows ahead of a panel the ``vpdpbusd`` path asks for the next ones (0: not at all;
-    callers pass ``rows.ROWS_AT_ONCE · rows.ROW_PREFETCH``, the bytes the row kernel's four streams keep asked
-    for); it changes no value. Numba code only (an ``overload`` on ``path``'s dtype)."""
+    absmax_w and w_row_sums are the weight's (indexed by n), y float32. ``path`` and ``ahead`` as for
+    ``rows.int8_rows`` (callers pass ``rows.ROW_PREFETCH``): the ``vpdpbusd`` path asks for the panel
+    ROWS_AT_ONCE·ahead rows on, the bytes that the row kernel's four streams keep asked for. Not measured: it is 0
+    on AMD, where this layout was measured. It changes no value. Numba code only (an ``overload`` on ``path``'s
+    dtype)."""
     raise NotImplementedError("int8_panel_rows is called from Numba code")
 
 
@@ -178,3 +188,14 @@ def _int8_panel_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_p, absmax_w,
         panel_rows(x_u8, J, cols, x_o, absmax_x, w_p, absmax_w, w_row_sums, y, n0, n1, shift, ahead)
 
     return impl
+
+
+@njit(inline="always")
+def layout_rows(path, in_panels, x_u8, J, cols, x_o, absmax_x, w, absmax_w, w_row_sums, y, n0, n1, shift, ahead):
+    """Outputs n0 .. n1 − 1 of an int8 weight w in panels (``in_panels``: ``int8_panel_rows``, output n in row
+    n + shift of w) or in rows (``rows.int8_rows``, output n in row n of w; ``shift`` unused): the fused decode
+    step's int8 products in the layout ``PANELS`` chose."""
+    if in_panels:
+        int8_panel_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, w_row_sums, y, n0, n1, shift, ahead)
+    else:
+        int8_rows(path, x_u8, J, cols, x_o, absmax_x, w, absmax_w, w_row_sums, y, n0, n1, ahead)

@@ -105,9 +105,9 @@ class PhaseRates:
     (rows of K = ``GEMV_K`` = 4096; ``gemv_fp32_dram_wide`` from DRAM at K = ``GEMV_WIDE_K`` = 8192: OpenBLAS's
     rate depends on the row length, 33 against 28 GB/s on the 2-vCPU Xeon);
     ``step_fp32_dram`` and ``step_int8_dram``: the weight bytes/s at which the row kernels of the one-region
-    decode step (``kernels.dense.gemv_rows``, ``kernels.int8.rows.int8_rows``) stream a weight from DRAM, its
+    decode step (``kernels.dense.gemv_rows``, ``kernels.int8.panels.layout_rows``) stream a weight from DRAM, its
     rows split evenly over all threads in one parallel region; ``step_outlier_s`` a thread's seconds per output and
-    outlier feature in ``int8_rows`` (the float16 path's products). ``int8_gemv_llc``, ``int8_gemv_dram``,
+    outlier feature in ``layout_rows`` (the float16 path's products). ``int8_gemv_llc``, ``int8_gemv_dram``,
     ``int8_gemv_one_llc`` and ``int8_gemv_one_dram``: the int8 weight bytes/s of ``Int8Linear``'s one-vector
     kernel on all threads from the cache and from DRAM, and on the calling thread from the cache and from DRAM
     (each call's fixed cost left out); ``int8_outlier_s`` a thread's seconds per output and outlier feature.

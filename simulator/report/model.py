@@ -109,7 +109,7 @@ def predicted_seconds_per_token(model, rates, context) -> float:
 def decode_token_parts(model, rates, context) -> dict:
     """One decode token's predicted seconds in parts, for a model that decodes in one parallel region
     (``kernels.decode.LlamaDecodeStep``: float32 layers, or int8 ones with int8 weights only), at ``context`` cached
-    tokens: every weight's bytes at the rate the step's row kernels stream them from DRAM (``rates.step_fp32_dram``,
+    tokens: every weight's bytes at the rate the step's kernels stream them from DRAM (``rates.step_fp32_dram``,
     ``rates.step_int8_dram``); the float16 products of the int8 linears' outlier features, as many per token as the
     step has met so far (``LlamaDecodeStep.outlier_products``: they depend on the text), at ``rates.step_outlier_s``
     on each thread; and the step's fixed part, timed now: the same region with no weight rows to read, that is its

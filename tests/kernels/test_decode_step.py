@@ -15,7 +15,7 @@ from kernels._common.memory import HUGE_PAGE_BYTES
 from kernels._common.prefetch import PREFETCH_ROWS, row_prefetch_rows
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni, panels
-from kernels.int8.rows import ROWS_AT_ONCE, int8_rows, padded_k, path_marker, prepare
+from kernels.int8.rows import int8_rows, padded_k, path_marker, prepare
 
 from tests.helpers import HUGE_PAGES, NO_HUGE_PAGES, assert_close, numba_threads, vm_flags
 
@@ -24,7 +24,10 @@ PATHS = ["loop"] + (["vnni"] if _vnni.AVAILABLE else [])
 
 @pytest.fixture(params=PATHS)
 def int8_path(request, monkeypatch):
+    """The int8 products' path, and the layout of the step's int8 weights that goes with it on a machine
+    (``kernels.int8.panels.PANELS``): rows for the portable loop, panels for vpdpbusd."""
     monkeypatch.setattr(_api, "USE_VNNI", request.param == "vnni")
+    monkeypatch.setattr(panels, "PANELS", request.param == "vnni")
     return request.param
 
 
@@ -140,13 +143,19 @@ def test_calls_from_two_threads_at_once_give_the_serial_results(rng):
         assert len(results[i]) == 20 and all(np.array_equal(r, serial[i]) for r in results[i])
 
 
-@pytest.mark.parametrize("row_prefetch", [0, ROWS_AT_ONCE * PREFETCH_ROWS])
-def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, int8_path, row_prefetch):
+@pytest.mark.parametrize("row_prefetch", [0, PREFETCH_ROWS])
+@pytest.mark.parametrize("other_layout", [False, True])
+def test_the_step_with_outliers_equals_int8_linear_bit_for_bit(rng, monkeypatch, int8_path, row_prefetch,
+                                                               other_layout):
     # many outlier features (threshold 0.5) and none (threshold 0): the epilogue's float16 part and its absence;
-    # with the int8 panels' prefetch off (AMD) and on (other vendors)
+    # with the int8 products' prefetch off (AMD) and on (other vendors); and in the other layout than the path's
+    # (the loop over panels, vpdpbusd over rows)
+    if other_layout:
+        monkeypatch.setattr(panels, "PANELS", not panels.PANELS)
     for threshold in (0.5, 0.0):
         layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, threshold)
         step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+        assert step.int8_panels == panels.PANELS
         step.row_prefetch = row_prefetch
         keys = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
         values = rng.standard_normal((2, 2, 4, 8)).astype(np.float32)
@@ -417,22 +426,41 @@ def test_a_wait_that_streams_ahead_returns_once_the_count_is_reached(dtype, pair
     assert counters[COUNTER_STRIDE] == 3 and np.all(w == 1)
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng, int8):
-    layers, an, fn, final, head = _model(rng, 3, 4, 2, 8, 40, 77, int8, False, 6.0)
+@pytest.mark.parametrize("kind", ["fp32", "int8 rows", "int8 panels"])
+def test_the_blocks_weights_lie_in_one_array_in_the_order_a_token_reads_them(rng, monkeypatch, kind):
+    int8, in_panels = kind != "fp32", kind == "int8 panels"
+    monkeypatch.setattr(panels, "PANELS", in_panels)
+    layers, an, fn, final, head = _model(rng, 3, 4, 2, 8, 40, 77, int8, int8, 6.0)
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
-    # block 0's four, block 1's, ...: float32 rows, int8 panels (w_gate_up's two halves packed apart)
-    weights = [(_step._panels(w.weight.w_i8, pair=j == 2) if int8 else w) for block in layers
-               for j, w in enumerate(block)]
+
+    def as_read(w, j):  # float32 and int8 rows as they are; int8 panels, w_gate_up's gate and up halves apart
+        if not in_panels:
+            return w.weight.w_i8 if int8 else w
+        rows = w.weight.w_i8
+        halves = [rows[:40], rows[40:]] if j == 2 else [rows]  # an intermediate size of 40: 2.5 panels a half
+        return np.concatenate([panels.pack(h) for h in halves])
+
+    # block 0's four, block 1's, ...
+    weights = [as_read(w, j) for block in layers for j, w in enumerate(block)]
     assert np.array_equal(step.block_weights, np.concatenate([w.reshape(-1) for w in weights]))
     for j, name in enumerate(decode.LlamaDecodeStep.NAMES):
         view = step.stacks[name][0] if int8 else step.stacks[name]  # the rows, for the per-layer path
-        assert np.shares_memory(view, step.block_weights) != int8  # shared in float32 (one copy); int8 beside
+        assert np.shares_memory(view, step.block_weights) != in_panels  # one copy but beside panels
         assert all(np.array_equal(view[i], (layers[i][j].weight.w_i8 if int8 else layers[i][j])) for i in range(3))
-    if int8:  # the gate and up halves of 40 rows: each in three panels, the last one partial
-        gate_up = _step._panels(layers[0][2].weight.w_i8, pair=True)
-        assert gate_up.shape[0] == 2 * 48
-        assert np.array_equal(panels.unpack(gate_up[48:], 40, 32), layers[0][2].weight.w_i8[40:])
+    if int8:  # the head as the products read it, its rows in place
+        assert np.array_equal(step._head8, panels.pack(head.weight.w_i8) if in_panels else head.weight.w_i8)
+        assert np.shares_memory(step.stacks["head"][0], head.weight.w_i8)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 40, 576, 960, 1536, 49152, 49153])
+def test_each_task_of_a_linear_step_starts_an_int8_panel(n, threads):
+    # the int8 panels' kernel reads whole panels from a task's first output on (kernels.int8.panels)
+    outputs = {kind: n for kind in (_step.QKV, _step.O_PROJ, _step.GATE_UP, _step.DOWN, _step.HEAD)}
+    kinds, _, tasks, rows, _ = _step._plan(2, outputs, 2, True, True, True, threads, 1)
+    for s in np.flatnonzero(np.isin(kinds, _step.LINEAR_STEPS)):
+        assert rows[s] % panels.PANEL_ROWS == 0 or tasks[s] == 1
+        assert (tasks[s] - 1) * rows[s] < n <= tasks[s] * rows[s]
 
 
 @pytest.mark.skipif(not HUGE_PAGES, reason=NO_HUGE_PAGES)

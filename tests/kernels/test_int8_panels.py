@@ -55,7 +55,7 @@ def _prepared(x, threshold):
 # not a multiple of 16, many panels; with and without outlier features
 @pytest.mark.parametrize("k, n, n_out", [(1, 1, 0), (3, 17, 1), (63, 3, 2), (64, 16, 0), (130, 37, 1),
                                          (577, 70, 3), (1536, 130, 5)])
-@pytest.mark.parametrize("ahead", [0, rows.ROWS_AT_ONCE * PREFETCH_ROWS])  # the prefetch off (AMD) and on
+@pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])  # the prefetch off (AMD) and on (it changes no value)
 @pytest.mark.parametrize("step", [16, 32, 10 ** 6])  # tasks of one panel, of two, the whole range at once
 def test_panel_rows_equal_the_blocked_gemv_bit_for_bit(rng, path, k, n, n_out, ahead, step):
     x, w, _ = planted_int8(rng, 1, k, n, n_out)
@@ -73,18 +73,36 @@ def test_panel_rows_equal_the_blocked_gemv_bit_for_bit(rng, path, k, n, n_out, a
 
 
 @pytest.mark.parametrize("half", [16, 20, 40, 1])  # gate and up halves of whole panels, of partial ones
-def test_a_second_half_packed_on_its_own_is_read_through_the_shift(rng, path, half):
+@pytest.mark.parametrize("k, n_out", [(5, 0), (70, 2)])
+@pytest.mark.parametrize("step", [16, 32])
+def test_a_second_half_packed_on_its_own_is_read_through_the_shift(rng, path, half, k, n_out, step):
     # the decode step packs w_gate_up's gate and up rows apart: the up outputs half .. 2·half − 1 lie in the
     # packed array's rows from its middle on (a shift of Np/2 − half)
-    k = 70
-    x, w, _ = planted_int8(rng, 1, k, 2 * half, 2)
+    x, w, _ = planted_int8(rng, 1, k, 2 * half, n_out)
     weight = Int8Linear.from_float(w).weight
     J, _, cols, x_o, x_u8, absmax_x = _prepared(x, 6.0)
+    assert J == n_out
     expected = np.empty((1, 2 * half), np.float32)
     _numba_cpu.split_gemv(x, np.float32(6.0), weight.w_i8, weight.absmax, expected, np.empty(k, np.bool_))
     packed = np.concatenate([panels.pack(weight.w_i8[:half]), panels.pack(weight.w_i8[half:])])
     y = np.full(2 * half, np.nan, np.float32)
     args = (path, x_u8, J, cols, x_o, absmax_x, packed, weight.absmax, weight.w_row_sums, y)
-    _panel_tasks(*args, 0, half, 0, 0, 16)
-    _panel_tasks(*args, half, 2 * half, packed.shape[0] // 2 - half, 0, 16)
+    _panel_tasks(*args, 0, half, 0, 0, step)
+    _panel_tasks(*args, half, 2 * half, packed.shape[0] // 2 - half, 0, step)
     assert np.array_equal(y, expected[0])
+
+
+@pytest.mark.parametrize("n0, n1", [(16, 48), (32, 37), (64, 70)])  # whole panels; a partial one; the last
+def test_a_range_of_outputs_writes_those_outputs_only(rng, path, n0, n1):
+    k, n = 130, 70
+    x, w, _ = planted_int8(rng, 1, k, n, 3)
+    weight = Int8Linear.from_float(w).weight
+    J, _, cols, x_o, x_u8, absmax_x = _prepared(x, 6.0)
+    expected = np.empty((1, n), np.float32)
+    _numba_cpu.split_gemv(x, np.float32(6.0), weight.w_i8, weight.absmax, expected, np.empty(k, np.bool_))
+    stored = rng.standard_normal(n + 16).astype(np.float32)
+    before = stored.copy()
+    _panel_tasks(path, x_u8, J, cols, x_o, absmax_x, panels.pack(weight.w_i8), weight.absmax, weight.w_row_sums,
+                 stored[:n], n0, n1, 0, 0, 16)
+    assert np.array_equal(stored[n0:n1], expected[0, n0:n1])
+    assert np.array_equal(np.delete(stored, np.s_[n0:n1]), np.delete(before, np.s_[n0:n1]))

@@ -33,7 +33,8 @@ def test_ioaware_cached_functions_use_the_package_stamp_and_others_do_not(tmp_pa
     from kernels.int8 import rows
 
     kernels, packages = numba_cache.kernels_stamp(), numba_cache.packages_stamp()
-    for function, stamp in ((_step._worker, kernels), (rows._rows_vnni, kernels), (calibrate_phases._rows_int8, packages)):
+    for function, stamp in ((_step._worker, kernels), (rows._rows_vnni, kernels),
+                            (calibrate_phases._step_int8, packages)):
         locator = function._cache._impl._locator
         assert isinstance(locator, numba_cache.LOCATORS)
         assert locator.get_source_stamp()[1] == stamp
