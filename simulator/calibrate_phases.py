@@ -20,7 +20,8 @@ from numba import njit, prange
 from kernels._common.numba_cpu import FASTMATH, exp_row, row_max
 from kernels.cpuinfo import cache_sizes, user_cache_dir
 from kernels.dense import gemv_rows
-from kernels.int8.panels import GROUP, PANEL_ROWS, PANELS, layout_rows
+from kernels.int8 import panels as panel_layout
+from kernels.int8.panels import GROUP, PANEL_ROWS, layout_rows
 from kernels.int8.rows import ROW_PREFETCH, padded_k, path_marker, prepare
 
 from .calibrate import (CACHE_FILE, cache_stamp, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled,
@@ -395,13 +396,15 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     if working_bytes is None:
         size = buffer.size // 4
     else:
-        size = max(PANEL_ROWS * K, int(working_bytes) // 4)  # 16 float32 rows, 64 int8 ones at least
+        size = max(PANEL_ROWS * K, int(working_bytes) // 4)  # 16 float32 rows at least: whole int8 panels
         if size > buffer.size:
             buffer = filled(size, 1.0, np.float32)
     streamed = buffer[:size // K * K]
     w32 = streamed.reshape(-1, K)  # (N, K)
-    Kp = -(-K // GROUP) * GROUP  # an int8 panel's row: K rounded up to 4 (``kernels.int8.panels.panel_shape``)
-    w8 = streamed[:size // Kp * Kp].view(np.int8).reshape(-1, Kp)  # (4N', Kp): the same bytes as int8 weights
+    in_panels = panel_layout.PANELS  # the layout the decode step keeps its int8 weights in
+    Kw = -(-K // GROUP) * GROUP if in_panels else K  # its int8 row: in panels K rounded up to 4 (``panel_shape``)
+    as_bytes = streamed.view(np.int8)
+    w8 = as_bytes[:as_bytes.size // Kw * Kw].reshape(-1, Kw)  # (rows, Kw): the same bytes as int8 weights
     w8 = w8[:w8.shape[0] // PANEL_ROWS * PANEL_ROWS]  # whole panels (their values do not matter)
     x = np.ones(K, dtype=np.float32)
     y32, y8 = np.empty(w32.shape[0], np.float32), np.empty(w8.shape[0], np.float32)
@@ -412,7 +415,7 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     path = path_marker()
 
     def int8(w):  # no outlier feature
-        return _step_int8(path, PANELS, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads,
+        return _step_int8(path, in_panels, x_u8, cols, x_o, absmax_x, w, absmax_w, row_sums, y8, threads,
                           ROW_PREFETCH)
 
     _rows_fp32(x, w32[:8], y32, threads)  # compile and warm
@@ -422,12 +425,12 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     if not outliers:
         return rates
     x_outliers = np.ones((1, K), dtype=np.float32)
-    x_outliers[0, ::K // OUTLIER_FEATURES] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
+    x_outliers[0, ::max(1, K // OUTLIER_FEATURES)] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
     J = prepare(x_outliers, 6.0, flags, cols, x_o, x_u8, absmax_x)
-    resident, times = w8[:max(PANEL_ROWS, cache_sizes().get("L2", 2**20) // 2 // Kp // PANEL_ROWS * PANEL_ROWS)], 20
+    resident, times = w8[:max(PANEL_ROWS, cache_sizes().get("L2", 2**20) // 2 // Kw // PANEL_ROWS * PANEL_ROWS)], 20
 
     def again(J):
-        return _best(lambda: _step_int8_again(path, PANELS, x_u8, J, cols, x_o, absmax_x, resident, absmax_w,
+        return _best(lambda: _step_int8_again(path, in_panels, x_u8, J, cols, x_o, absmax_x, resident, absmax_w,
                                               row_sums, y8, times, ROW_PREFETCH), repeats=5, warmup=1)
 
     rates["step_outlier_s"] = _per_product(again(J) - again(0), times * resident.shape[0] * J)

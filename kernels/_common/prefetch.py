@@ -70,7 +70,8 @@ PREFETCH_ROWS = 8  # a row kernel asks for the weight rows this far ahead of the
 
 def row_prefetch_rows(vendor: str) -> int:
     """How far ahead (rows) the int8 row kernel (``kernels.int8.rows``) asks for its weight rows on a CPU of
-    ``vendor`` (``kernels.cpuinfo.cpu_vendor``); 0: not at all, the hardware prefetchers alone.
+    ``vendor`` (``kernels.cpuinfo.cpu_vendor``); 0: not at all, the hardware prefetchers alone. The panel kernel
+    (``kernels.int8.panels``) takes the same value, for the same bytes ahead (not measured there).
 
     Measured on both vendors the project has run on. Intel (2-vCPU Xeon, family 6 model 167): PREFETCH_ROWS ahead,
     as measured there (above). AMD (2-vCPU EPYC, family 25 model 17, Zen 4, KVM): none. There the four streams of

@@ -13,8 +13,9 @@ waits spin only on this call's own threads, which sleep again when it returns.
 
 The pieces are the per-layer path's own code: ``_add_rms_norm``, ``_attend_piece`` with ``_combine`` and SwiGLU's
 arithmetic from ``_fused``, ``kernels.dense.gemv_rows``, ``kernels.int8.rows.prepare`` and
-``kernels.int8.panels`` (LLM.int8()'s split GEMV over the int8 weights packed in panels of 16 rows, bit-identical to
-``Int8Linear``) — so the int8 step gives the per-layer path's outputs bit for bit.
+``kernels.int8.panels.layout_rows`` (LLM.int8()'s split GEMV over the int8 weights in rows, or packed in panels of 16
+rows where the products run on ``vpdpbusd``; bit-identical to ``Int8Linear``) — so the int8 step gives the per-layer
+path's outputs bit for bit.
 
 Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
   v1 (this file): tasks claimed from one counter per step, each task 64 rows: SmolLM2-135M's int8 step (int8 LM
@@ -76,7 +77,8 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       0.1 us on two threads.
   v12: the int8 weights in panels of 16 rows (``kernels.int8.panels``: one ``vpdpbusd`` adds 4 k of 16 outputs, the
       input's 4 bytes broadcast; one stream per thread, no horizontal sum per output) instead of rows, four at once,
-      one per quarter of a task's range (``kernels.int8.rows``). The panels are the step's own copy; the rows stay
+      one per quarter of a task's range (``kernels.int8.rows``), where the products run on ``vpdpbusd`` (the
+      portable loop over panels is ~9x slower than over rows). The panels are the step's own copy; the rows stay
       for the per-layer path (prefill's GEMM, ``Int8Linear``). 2-vCPU AMD EPYC (Zen 4, KVM), SmolLM2's int8 +
       int8 head ``generate`` of 64 tokens, medians of four rounds, v11's tree and v12's in alternating fresh
       processes: 159.6 -> 176.5, 146.7 -> 166.7, 172.6 -> 191.2 tokens/s.
@@ -95,7 +97,7 @@ from .._common.memory import huge_page_empty
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import MAX_EXACT_K, Int8Linear
-from ..int8 import panels as int8_panels
+from ..int8 import panels as panel_layout
 from ..int8.panels import PANEL_ROWS, layout_rows, pack
 from ..int8.rows import ROW_PREFETCH, padded_k, path_marker, prepare
 from ._fused import PIECE_SLOTS, _add_rms_norm, _attend_piece, _combine, _rope_write, piece_width
@@ -438,11 +440,12 @@ class LlamaDecodeStep:
     Notes
     -----
     The blocks' weights are copied into one 1-D array, block by block in the order a token reads them
-    (``block_weights``): float32 rows, or int8 weights in panels of 16 rows (``kernels.int8.panels``, the operand
-    layout of ``vpdpbusd``; the int8 LM head gets such a copy too). ``stacks`` holds per kind of linear the weights
-    as (L, out, in) rows: for float32 a view of the array, which a caller may point its own layers at to keep one
-    copy; for int8 a stack of the rows beside the panels (two copies: the per-layer path, prefill's included, reads
-    rows), with their absmax and row sums; and the head. The region takes each block's weight as a view of the
+    (``block_weights``): rows; or, where the int8 products run on ``vpdpbusd`` (``kernels.int8.panels.PANELS``,
+    ``int8_panels``), int8 weights in panels of 16 rows, the instruction's operand layout (the int8 LM head gets
+    such a copy too). ``stacks`` holds per kind of linear the weights as (L, out, in) rows, with the int8 ones'
+    absmax and row sums: views of the array, which a caller may point its own layers at to keep one copy; beside
+    int8 panels a stack of the rows (two copies: the per-layer path, prefill's included, reads rows); and the
+    head. The region takes each block's weight as a view of the
     array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one).
     Calling the step (``__call__``) advances the residual stream x in place, writes each block's key and value at
     its slot and returns the logits (or the final-normed hidden state). One call runs at a time (a lock: the
@@ -487,7 +490,7 @@ class LlamaDecodeStep:
         # products run on vpdpbusd (``kernels.int8.panels.PANELS``), int8 panels of 16 rows, the instruction's operand
         # layout (1.15-1.3x the rows' streaming rate there), and the rows stacked per kind beside them for the
         # per-layer path
-        self.int8_panels = int8_panels.PANELS and (self.int8_layers or self.int8_head)
+        self.int8_panels = panel_layout.PANELS and (self.int8_layers or self.int8_head)
         in_panels = self.int8_panels and self.int8_layers
         self.block_weights, starts, views, arena_shapes = _arena(
             [[(_panels(b[j].weight.w_i8, pair=j == GATE_UP_LIN) if in_panels else b[j].weight.w_i8)
@@ -779,10 +782,10 @@ def _arena(per_kind):
     block by block in the order a token reads them (block 0's wqkv, wo, w_gate_up, w_down, then block 1's, ...), so
     that each thread streams ascending memory through the token. Returns the arena, the element offset of each
     (block, linear) (L, 4), the per-kind (L, out, in) views of it (of panels' bytes where the weights are int8
-    panels) and the per-kind (out, in) shapes (4, 2). A
-    plain read of SmolLM2's int8 weights in one region, in the step's order, each linear's weight split in two
-    halves, one per thread (2-vCPU Xeon): 27.4 GB/s from four stacks, one per kind, 28.0-29.0 from the arena. The
-    arena lies on huge pages (``kernels._common.memory.huge_page_empty``, with the evidence)."""
+    panels) and the per-kind (out, in) shapes (4, 2). A plain read of SmolLM2's int8 weights in one region, in the
+    step's order, each linear's weight split in two halves, one per thread (2-vCPU Xeon): 27.4 GB/s from four
+    stacks, one per kind, 28.0-29.0 from the arena. The arena lies on huge pages
+    (``kernels._common.memory.huge_page_empty``, with the evidence)."""
     L = len(per_kind[0])
     shapes = [weights[0].shape for weights in per_kind]  # (out, in) per kind
     sizes = [o * k for o, k in shapes]
@@ -807,7 +810,7 @@ def _panels(w_i8, pair=False):
     if not pair:
         return pack(w_i8)  # (N rounded up to 16, K rounded up to 4)
     half = w_i8.shape[0] // 2
-    return np.concatenate([pack(w_i8[:half]), pack(w_i8[half:])])  # (2 · half rounded up to 16, K rounded up to 4)
+    return np.concatenate([pack(w_i8[:half]), pack(w_i8[half:])])  # (2 · (half rounded up to 16), K rounded up to 4)
 
 
 def _on_huge_pages(a):

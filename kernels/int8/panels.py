@@ -1,7 +1,8 @@
 """LLM.int8()'s decode GEMV over int8 weights packed in panels of 16 rows, the operand layout of ``vpdpbusd``: the
-fused decode step's int8 products (``kernels.decode``). ``int8_panel_rows`` computes any run of outputs from an
-input prepared by ``kernels.int8.rows.prepare``, bit for bit what ``kernels.int8.rows.int8_rows`` computes from the
-same weight's rows (exact int32 sums, then the same float epilogue).
+fused decode step's int8 products where they run on that instruction (``PANELS``; ``kernels.decode``).
+``int8_panel_rows`` computes any run of outputs from an input prepared by ``kernels.int8.rows.prepare``, bit for bit
+what ``kernels.int8.rows.int8_rows`` computes from the same weight's rows (exact int32 sums, then the same float
+epilogue).
 
 The layout: panel p holds rows 16p .. 16p + 15, group q of 4 k after group q − 1, and in a group the 4 bytes of
 each of the 16 rows in turn. Byte r of row j of group q of panel p is w[16p + j, 4q + r]; rows past N and k past K
@@ -47,7 +48,8 @@ PANEL_ROWS = LANES  # rows of a panel: one output per int32 lane of a zmm regist
 GROUP = 4  # k per lane of one vpdpbusd (Intel SDM vol. 2C, "VPDPBUSD": four byte products per dword)
 PANEL_LINE = PANEL_ROWS * GROUP  # bytes of one group of 4 k of a panel's 16 rows: one 64-byte load
 PANELS = _vnni.AVAILABLE  # the layout that the fused decode step packs its int8 weights in: panels where the
-# products run on vpdpbusd, rows elsewhere (the portable loop over panels is ~9x slower than over rows)
+# products run on vpdpbusd, rows elsewhere (the portable loop over panels is ~9x slower than over rows). Read when a
+# step is made; a product path forced afterwards (``_api.USE_VNNI``, as the tests do) keeps it: the same values
 
 
 def panel_shape(N: int, K: int) -> tuple[int, int]:
