@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._common.memory import huge_page_empty
+from .._common.prefetch import CACHE_LINE_BYTES
 from ..int8 import MAX_EXACT_K, Int8Linear
 from ..int8.panels import PANEL_ROWS, pack
 from ..int8.rows import padded_k
@@ -23,8 +24,6 @@ FLOAT32, INT8_ROWS, INT8_PANELS = range(3)  # the kinds of linear layer (``lin_k
 # int8 panels (``kernels.int8.panels.PANELS`` chooses the int8 layout)
 LINEAR_STEPS = (QKV, O_PROJ, GATE_UP, DOWN, HEAD)  # the steps that read a weight
 
-CACHE_LINE = 64  # bytes (x86)
-
 
 def _lines(shape, dtype):
     """np.empty(shape, dtype) starting on a cache line and padded to whole lines: a small array that one thread
@@ -32,8 +31,8 @@ def _lines(shape, dtype):
     from the readers' caches). With the counters and these buffers allocated by plain ``np.empty``, SmolLM2's int8
     step took 14 ms on two threads as on one; on whole lines, 8 ms on two."""
     n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    raw = np.empty(n_bytes + 2 * CACHE_LINE, dtype=np.uint8)
-    start = -raw.ctypes.data % CACHE_LINE
+    raw = np.empty(n_bytes + 2 * CACHE_LINE_BYTES, dtype=np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE_BYTES
     return raw[start:start + n_bytes].view(dtype).reshape(shape)
 
 

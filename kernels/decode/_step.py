@@ -380,8 +380,8 @@ class LlamaDecodeStep:
     such a copy too). ``stacks`` holds per kind of linear the weights as (L, out, in) rows, with the int8 ones'
     absmax and row sums: views of the array, which a caller may point its own layers at to keep one copy; beside
     int8 panels a stack of the rows (two copies: the per-layer path, prefill's included, reads rows); and the
-    head. The region takes each block's weight as a view of the
-    array (taken out of Numba typed lists instead, the int8 products ran 3x slower on two threads than on one).
+    head. The region takes each block's weight as a view of the array (taken out of Numba typed lists instead, the
+    int8 products ran 3x slower on two threads than on one).
     Calling the step (``__call__``) advances the residual stream x in place, writes each block's key and value at
     its slot and returns the logits (or the final-normed hidden state). One call runs at a time (a lock: the
     region's buffers are the object's own). The outputs are the per-layer path's (``kernels.decode.add_rms_norm``,
@@ -591,7 +591,7 @@ class LlamaDecodeStep:
                 plan = self._plan_for(True, n_workers, pieces)
                 n, not_finite, token = _greedy(
                     token, chunk, stop, embedding, cos[done:done + chunk], sin[done:done + chunk],
-                    tokens[done:done + chunk], n_workers, plan, self._zeroed_counters(plan, n_workers),
+                    tokens[done:done + chunk], n_workers, plan, self._counters_for(plan, n_workers),  # zeroed there
                     path_marker(), self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
                     (keys, values, slots), self._bufs(self._x, parts),
                     *self._quant, self._scale, self._outliers)
@@ -616,10 +616,14 @@ class LlamaDecodeStep:
         # one assignment from a list (a Python loop of item assignments took ~35 us for SmolLM2's 121 linears)
         self._thresholds[self._int8_index] = [layer.threshold for layer in self._int8_linears]
 
-    def _zeroed_counters(self, plan, n_workers):
+    def _counters_for(self, plan, n_workers):
         """The region's counters for ``plan`` (``_worker``: each step's counts, then the result's values that are
-        not finite), set to 0."""
-        counters = self._counters[:plan[0].size * (n_workers + 1) * COUNTER_STRIDE + COUNTER_STRIDE]
+        not finite)."""
+        return self._counters[:plan[0].size * (n_workers + 1) * COUNTER_STRIDE + COUNTER_STRIDE]
+
+    def _zeroed_counters(self, plan, n_workers):
+        """``_counters_for``, set to 0."""
+        counters = self._counters_for(plan, n_workers)
         counters[:] = 0
         return counters
 

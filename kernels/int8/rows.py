@@ -1,11 +1,10 @@
 """LLM.int8()'s decode GEMV in pieces that a fused step can schedule itself: ``prepare`` quantizes one activation
 vector into buffers the caller owns, and ``int8_rows`` computes any range of outputs from them (where the products
 run on ``vpdpbusd``, the fused decode step reads its weights in panels instead, ``kernels.int8.panels``, from the
-same prepared buffers). Run one after the
-other they give what ``Int8Linear`` gives for one row of x (weights kept in int8 only), bit for bit: the outlier
-scan, the rounding and the float epilogue are ``split_gemv``'s own code (``_numba_cpu``; on the ``vpdpbusd`` path
-the outlier products run 16 outputs at a time, ``_vnni.plus_outliers16``, with the same operations in each lane),
-and the int32 products are exact on either path.
+same prepared buffers). Run one after the other they give what ``Int8Linear`` gives for one row of x (weights kept
+in int8 only), bit for bit: the outlier scan, the rounding and the float epilogue are ``split_gemv``'s own code
+(``_numba_cpu``; on the ``vpdpbusd`` path the outlier products run 16 outputs at a time, ``_vnni.plus_outliers16``,
+with the same operations in each lane), and the int32 products are exact on either path.
 
 The int32 products take the offset form of ``_vnni`` on both paths: Σ_k x·w = Σ_k (x + 128)·w − 128·Σ_k w, from
 the unsigned activations and the weight's row sums, so one prepared buffer serves both. The path is chosen by the
