@@ -24,9 +24,12 @@ def _prefetch_codegen(locality):
     def codegen(context, builder, signature, args):
         array_value, index_value = args
         index_value = context.cast(builder, index_value, signature.args[1], types.intp)
-        ary = context.make_array(signature.args[0])(context, builder, array_value)
-        pointer = cgutils.get_item_pointer(context, builder, signature.args[0], ary, [index_value],
-                                           wraparound=False)
+        array_type = signature.args[0]
+        ary = context.make_array(array_type)(context, builder, array_value)
+        if array_type.ndim == 1:
+            pointer = cgutils.get_item_pointer(context, builder, array_type, ary, [index_value], wraparound=False)
+        else:  # a C-contiguous array: its flat index
+            pointer = builder.gep(ary.data, [index_value])
         byte_pointer = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fn = cgutils.get_or_insert_function(builder.module,
@@ -40,11 +43,17 @@ def _prefetch_codegen(locality):
     return codegen
 
 
+def _prefetchable(array):
+    """A 1-D array (indexed as such), or a C-contiguous one of any shape (indexed by its flat index)."""
+    return isinstance(array, types.Array) and (array.ndim == 1 or array.layout == "C")
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
-    """Ask for the cache line of ``array[index]`` (a 1-D array) to be read into all cache levels; no effect on the
-    program's values, and an address past the array's end is harmless (a prefetch never faults)."""
-    if not (isinstance(array, types.Array) and array.ndim == 1):
+    """Ask for the cache line of ``array[index]`` (a 1-D array; or ``array.flat[index]`` of a C-contiguous one) to be
+    read into all cache levels; no effect on the program's values, and an address past the array's end is harmless
+    (a prefetch never faults)."""
+    if not _prefetchable(array):
         return None
     return types.none(array, types.intp), _prefetch_codegen(3)
 
@@ -53,7 +62,7 @@ def prefetch(typingctx, array, index):
 def prefetch_l2(typingctx, array, index):
     """``prefetch`` into L2 and the levels beyond it, not L1 (``PREFETCHT1``): for lines asked for well before
     they are read, which would only crowd the small L1 meanwhile."""
-    if not (isinstance(array, types.Array) and array.ndim == 1):
+    if not _prefetchable(array):
         return None
     return types.none(array, types.intp), _prefetch_codegen(2)
 
@@ -86,7 +95,8 @@ def row_prefetch_rows(vendor: str) -> int:
 
 @njit(inline="always")
 def prefetch_lines(flat, start, stop):
-    """``prefetch`` every cache line of flat[start:stop] (a 1-D array, element indices)."""
+    """``prefetch`` every cache line of flat[start:stop] (element indices of a 1-D array, or flat ones of a
+    C-contiguous array)."""
     step = max(1, CACHE_LINE_BYTES // flat.itemsize)
     for i in range(start, stop, step):
         prefetch(flat, i)
@@ -94,8 +104,9 @@ def prefetch_lines(flat, start, stop):
 
 @njit(inline="always")
 def prefetch_rows(flat, K, n, n1, rows):
-    """Ask for rows n .. min(n + rows, n1) − 1 of a C-contiguous (N, K) array whose flat view ``flat`` the caller
-    made once (``w.reshape(-1)``): a view made per call is a reference counted on the array's shared record, an
-    atomic update of a line that every thread reading the array also updates (made per four rows, the int8 rows
-    ran 15% slower on two threads: 4.3 against 3.7 ms over SmolLM2's weights)."""
+    """Ask for rows n .. min(n + rows, n1) − 1 of a C-contiguous (N, K) array: the array itself, or a flat view
+    ``flat`` the caller made once (``w.reshape(-1)``), never one per call: a view made per call is a reference
+    counted on the array's shared record, an atomic update of a line that every thread reading the array also
+    updates (made per four rows, the int8 rows ran 15% slower on two threads: 4.3 against 3.7 ms over SmolLM2's
+    weights)."""
     prefetch_lines(flat, n * K, min(n + rows, n1) * K)

@@ -47,6 +47,11 @@ Versions (2-vCPU Intel Xeon, Sapphire Rapids class, under contention):
       of 32 tokens, int8 with the int8 LM head, alternating fresh processes with v4 (two pairs, a slower phase of
       the VM than v4's runs): after a 1000-token prompt 108-111 -> 118-120 tokens/s, after 4000 50-52 -> 60-63,
       after 16 within the noise (185-195, 185-189).
+  v6: SwiGLU's product on 16 lanes (``_silu_product``: ``exp_f32``, unsigned indices, NumPy's error model), so
+      that the fused step's GATE_UP tasks, which compute it for their features between two runs of weight rows, no
+      longer stop streaming for it (1536 features 11.3 -> 0.84 us on one core); the per-layer path
+      (``swiglu``) computes the same bits. Measured with the panels' v2 (``kernels.int8.panels``): the step's
+      docstring, v13.
 """
 from __future__ import annotations
 
@@ -329,13 +334,28 @@ def _weighted_rows(p, values, n, out):
 _piece = _piece_lanes if USE_LANES else _piece_loop
 
 
+@njit(cache=True, error_model="numpy")
+def _silu_product(gate_up, n, out, i0, i1):
+    """out[i] = silu(g) · u = g / (1 + e^-g) · u, g = gate_up[i] and u = gate_up[n + i], for the features
+    i0 .. i1 − 1 (0 <= i0, i1 <= n) of a fused gate/up linear's output [gate (n,), up (n,)]: SwiGLU's product (Shazeer
+    2020, eq. 6), any run of it the same bits (each feature alone, no sum).
+
+    On 16 lanes (v6): the exp is ``exp_f32`` (a polynomial LLVM vectorizes; ``np.exp`` is a call per value), the
+    indices unsigned (a signed index may be negative, and its wrap-around made LLVM gather and scatter the lanes),
+    and NumPy's error model (Python's checks each division for a zero divisor, which kept the loop scalar). 1536
+    features (SmolLM2's intermediate size) on one core: 11.3 -> 0.84 us. Against ``np.exp``'s values, over 10^7
+    normally distributed gates with standard deviations 0.1 to 200: at most 5 ulp apart for g >= -87; below, where
+    exp_f32 clamps its argument to 88, both results are under 10^-32 in magnitude."""
+    first, last, up = np.uint64(i0), np.uint64(i1), np.uint64(n)
+    for i in range(first, last):
+        g = gate_up[i]
+        out[i] = g / (np.float32(1.0) + exp_f32(-g)) * gate_up[up + i]
+
+
 @njit(cache=True)
 def _swiglu(gate_up, out):
     """out = silu(gate) · up for gate_up (2·I,) = [gate, up] (the fused gate/up linear's output), out (I,)."""
-    n = out.size
-    for i in range(n):
-        g = gate_up[i]
-        out[i] = g / (np.float32(1.0) + np.exp(-g)) * gate_up[n + i]
+    _silu_product(gate_up, out.size, out, 0, out.size)
 
 
 # -- the public functions: shapes checked before a kernel indexes memory (the kernels index by the sizes given) -----

@@ -263,8 +263,9 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, fir
     once, where LLVM kept the scalar loop scalar. A step of j gathers the 16 weights of column cols[j] (16 loads of
     a byte). Lanes past ``count`` read output n0's weight and write nothing. y, absmax_w (N,) float32, x_o (1, K)
     float32, cols (K,) int64, w_flat the int8 weight's flat view, in which w[n0 + l, c] is the byte at
-    first + l·lane_stride + (c // 4)·group_stride + c % 4: rows of K bytes (n0·K, K, 4), or a panel of 16 rows
-    (``kernels.int8.panels``: the panel's first byte, 4, 64)."""
+    first + l·lane_stride + (c // 4)·group_stride + c % 4: rows of K bytes (n0·K, K, 4); a panel of 16 rows (the
+    panel's first byte, 4, 64) has its own, which reads a column's 16 weights in one load
+    (``panels.plus_panel_outliers16``)."""
     arrays = (y, absmax_w, x_o, cols, w_flat)
     if not (all(_is_c_array(a) for a in arrays)
             and all(isinstance(i, types.Integer) for i in (n0, count, J, first, lane_stride, group_stride))):
@@ -318,6 +319,52 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, fir
         return context.get_dummy_value()
 
     return types.none(y, n0, count, absmax_w, x_o, cols, J, w_flat, first, lane_stride, group_stride), codegen
+
+
+@intrinsic
+def dequantized16(typingctx, y, n0, count, sums, w_row_sums, absmax_w, scale):
+    """``_dequantized(_corrected(...))`` for the ``count`` (1 to 16) outputs n0 .. n0 + count − 1 at once: y[n] =
+    float32(s − 128 · w_row_sums[n]) · (scale · absmax_w[n]), s the lane's wrapped int32 sum of (x + 128)·w in
+    ``sums`` and scale the input's absmax · (1/127²), as the scalar code computes it. The same operations in the same
+    order, one output per lane (int32 arithmetic wraps as ``_corrected``'s truncation of the exact int64 does), so
+    the outputs are bit for bit the scalar ones. Nothing past ``count`` is read or written (masked loads and store).
+    y, absmax_w (N,) float32, w_row_sums (N,) int32.
+
+    Why: written out per output, the epilogue of a panel of 16 outputs was ~80 instructions beside the ~320 of its
+    products at K = 576, and a thread that streams its weights from DRAM reads only as far ahead as its instructions
+    reach (``panels``, v2)."""
+    if not (_is_c_array(y) and y.dtype == types.float32 and _is_c_array(absmax_w) and absmax_w.dtype == types.float32
+            and _is_c_array(w_row_sums) and w_row_sums.dtype == types.int32 and sums == int32x16
+            and isinstance(n0, types.Integer) and isinstance(count, types.Integer) and scale == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        y_t, n0_t, count_t, _, r_t, a_t, _ = signature.args
+        i64 = ir.IntType(64)
+
+        def at(array_type, value, vector_type):  # &array[n0] as a pointer to a vector
+            data = context.make_array(array_type)(context, builder, value).data
+            return builder.bitcast(builder.gep(data, [n0_v]), vector_type.as_pointer())
+
+        n0_v = context.cast(builder, args[1], n0_t, types.int64)
+        count_v = context.cast(builder, args[2], count_t, types.int64)
+        lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
+        mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
+        row_sums = _masked(builder, "llvm.masked.load.v16i32.p0",
+                           ir.FunctionType(_VEC, [_VEC.as_pointer(), _I32, _MASK, _VEC]),
+                           [at(r_t, args[4], _VEC), _I32(4), mask, ir.Constant(_VEC, None)])
+        offset = ir.Constant(_VEC, [OFFSET] * LANES)
+        corrected = builder.sub(args[3], builder.mul(row_sums, offset))  # s − 128·Σ w, wrapped as _corrected's
+        absmax = _masked(builder, "llvm.masked.load.v16f32.p0",
+                         ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS]),
+                         [at(a_t, args[5], _FLOATS), _I32(4), mask, ir.Constant(_FLOATS, [1.0] * LANES)])
+        factor = builder.fmul(_splat(builder, args[6], _FLOATS), absmax)  # (absmax_x · 1/127²) · absmax_w[n]
+        _masked(builder, "llvm.masked.store.v16f32.p0",
+                ir.FunctionType(ir.VoidType(), [_FLOATS, _FLOATS.as_pointer(), _I32, _MASK]),
+                [builder.fmul(builder.sitofp(corrected, _FLOATS), factor), at(y_t, args[0], _FLOATS), _I32(4), mask])
+        return context.get_dummy_value()
+
+    return types.none(y, n0, count, sums, w_row_sums, absmax_w, scale), codegen
 
 
 # -- kernels ---------------------------------------------------------------------------------------------------
