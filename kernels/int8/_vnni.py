@@ -261,8 +261,8 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, fir
     Each lane does what the scalar code does, in the same order (the float32 product, the rounding to binary16 and
     back, the product with the feature's value, the sum), so the outputs are bit for bit the scalar ones; 16 at
     once, where LLVM kept the scalar loop scalar. A step of j gathers the 16 weights of column cols[j] (16 loads of
-    a byte). Lanes past ``count`` read output n0's weight and write nothing. y, absmax_w (N,) float32, x_o (1, K)
-    float32, cols (K,) int64, w_flat the int8 weight's flat view, in which w[n0 + l, c] is the byte at
+    a byte). Lanes past ``count`` read output n0 + count − 1's weight and write nothing. y, absmax_w (N,) float32,
+    x_o (1, K) float32, cols (K,) int64, w_flat the int8 weight's flat view, in which w[n0 + l, c] is the byte at
     first + l·lane_stride + (c // 4)·group_stride + c % 4: rows of K bytes (n0·K, K, 4); a panel of 16 rows (the
     panel's first byte, 4, 64) has its own, which reads a column's 16 weights in one load
     (``panels.plus_panel_outliers16``)."""

@@ -103,12 +103,14 @@ def plus_panel_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_p, 
     """``_vnni.plus_outliers16`` for a panel whose first byte is w_p.flat[first] (a C-contiguous int8 array): the
     same operations per lane, so the same bits, with the 16 weights of an outlier column c taken from the one 64-byte
     group that holds them (byte c % 4 of each lane of group c // 4: a load and two shifts) instead of 16 loads of a
-    byte. Lanes past ``count`` take a padding row's weight and write nothing.
+    byte. Lanes past ``count`` take a later row of the panel (padding past N, or outputs past the range) and write
+    nothing.
 
     Why: SmolLM2's int8 LM head meets ~7 outlier features a token; with a gather per feature its panels carried about
     as many instructions for the outliers as for the products (``_panels_vnni``)."""
     arrays = (y, absmax_w, x_o, cols, w_p)
-    if not (all(_is_c_array(a) for a in arrays) and w_p.dtype == types.int8
+    if not (all(_is_c_array(a) for a in arrays) and w_p.dtype == types.int8 and cols.dtype == types.int64
+            and all(a.dtype == types.float32 for a in (y, absmax_w, x_o))
             and all(isinstance(i, types.Integer) for i in (n0, count, J, first))):
         return None
 
@@ -158,9 +160,9 @@ def plus_panel_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_p, 
 
 @njit(cache=True)
 def _panels_vnni(x_u8, J, cols, x_o, absmax_x, w_p, absmax_w, w_row_sums, y, n0, n1, shift, ahead):
-    # w_p read through its flat indices (vload, vsplat4, plus_panel_outliers16 and prefetch take any C-contiguous
-    # array), not through a flat view: a view made per call counts a reference on the array's shared record, an
-    # atomic update per call (v2)
+    # w_p read through its flat indices (vload, plus_panel_outliers16 and prefetch take any C-contiguous array) and
+    # y written by dequantized16, not through views: a view made per call counts a reference on the array's shared
+    # record, an atomic update per call (v2)
     Kp = w_p.shape[1]
     Kq = Kp // GROUP
     quads = Kq - Kq % 4

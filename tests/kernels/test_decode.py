@@ -105,6 +105,37 @@ def test_swiglu_equals_the_oracle(rng, n):
     assert_close(out, g / (1 + np.exp(-g)) * u, np.float32)
 
 
+def test_swiglu_far_below_zero_and_not_finite_gates_give_what_np_exp_gives(rng):
+    # past g = -88 the polynomial's clamped argument would give g·e^-88 (-1.8 at g = -3e38): silu(g) is g·0 there
+    g = np.array([-3e38, -1e30, -100.0, -89.0, -np.inf, np.inf, np.nan], np.float32)
+    u = (rng.standard_normal(g.size) + 2).astype(np.float32)
+    out = np.empty(g.size, np.float32)
+    decode.swiglu(np.concatenate([g, u]), out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = g / (np.float32(1) + np.exp(-g)) * u  # float32 throughout: e^-g overflows to inf
+    nan = np.isnan(expected)
+    assert np.array_equal(np.isnan(out), nan)
+    assert np.array_equal(out[~nan].view(np.uint32), expected[~nan].view(np.uint32))  # -0 where np.exp gave -0
+
+
+@pytest.mark.parametrize("i0, i1", [(0, 0), (3, 3), (0, 17), (5, 40), (33, 100), (99, 100), (7, 5)])
+def test_swiglu_on_a_run_of_features_is_the_whole_products_bits_and_writes_nothing_else(rng, i0, i1):
+    # the fused step's GATE_UP tasks compute SwiGLU for their own features only (_silu_product)
+    from kernels.decode._fused import _silu_product
+
+    n = 100
+    gate_up = (rng.standard_normal(2 * n) * 6).astype(np.float32)
+    whole = np.empty(n, np.float32)
+    decode.swiglu(gate_up, whole)
+    out = rng.standard_normal(n).astype(np.float32)
+    before = out.copy()
+    _silu_product(gate_up, n, out, i0, i1)
+    inside = np.zeros(n, bool)
+    inside[i0:i1] = True
+    assert np.array_equal(out[inside].view(np.uint32), whole[inside].view(np.uint32))
+    assert np.array_equal(out[~inside].view(np.uint32), before[~inside].view(np.uint32))
+
+
 def test_the_fused_steps_refuse_what_would_index_out_of_bounds():
     # the Numba kernels index by the sizes they are given: a slot past the cache wrote out of bounds
     from kernels import decode
