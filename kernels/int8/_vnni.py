@@ -253,6 +253,42 @@ def _masked(builder, name, fn_type, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
 
 
+def _data(context, builder, array_type, array):
+    return context.make_array(array_type)(context, builder, array).data
+
+
+def _outlier_products(context, builder, signature, args, column):
+    """The code of ``_numba_cpu._plus_outliers`` on 16 lanes, in place, for an intrinsic whose first arguments are
+    (y, n0, count, absmax_w, x_o, cols, J): y[n0 + l] += Σ_j x_o[0, j] · float16(w · absmax_w[n0 + l] / 127) for
+    l < count, w lane l of ``column(c)``, the 16 weights (an integer vector) of outlier column c = cols[j]."""
+    y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t = signature.args[:7]
+    i64 = ir.IntType(64)
+    n0_v = context.cast(builder, args[1], n0_t, types.int64)
+    count_v = context.cast(builder, args[2], count_t, types.int64)
+    lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
+    mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
+    masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
+    y_p = builder.bitcast(builder.gep(_data(context, builder, y_t, args[0]), [n0_v]), _FLOATS.as_pointer())
+    a_p = builder.bitcast(builder.gep(_data(context, builder, a_t, args[3]), [n0_v]), _FLOATS.as_pointer())
+    ones = ir.Constant(_FLOATS, [1.0] * LANES)
+    acc = cgutils.alloca_once_value(builder, _masked(builder, "llvm.masked.load.v16f32.p0", masked_load,
+                                                     [y_p, _I32(4), mask, ones]))
+    absmax = _masked(builder, "llvm.masked.load.v16f32.p0", masked_load, [a_p, _I32(4), mask, ones])
+    step = builder.fdiv(absmax, ir.Constant(_FLOATS, [float(QMAX)] * LANES))  # absmax_w[n] / 127, per lane
+    cols_p, xo_p = _data(context, builder, cols_t, args[5]), _data(context, builder, xo_t, args[4])
+    J_v = context.cast(builder, args[6], J_t, types.int64)
+    with cgutils.for_range(builder, J_v) as loop:
+        j = loop.index
+        w = column(builder.load(builder.gep(cols_p, [j])))
+        xj = builder.load(builder.gep(xo_p, [j]))
+        scaled = builder.fmul(builder.sitofp(w, _FLOATS), step)  # float32(w[n, c]) · step
+        rounded = builder.fpext(builder.fptrunc(scaled, ir.VectorType(ir.HalfType(), LANES)), _FLOATS)
+        builder.store(builder.fadd(builder.load(acc), builder.fmul(_splat(builder, xj, _FLOATS), rounded)), acc)
+    _masked(builder, "llvm.masked.store.v16f32.p0",
+            ir.FunctionType(ir.VoidType(), [_FLOATS, _FLOATS.as_pointer(), _I32, _MASK]),
+            [builder.load(acc), y_p, _I32(4), mask])
+
+
 @intrinsic
 def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, first, lane_stride, group_stride):
     """``_numba_cpu._plus_outliers`` for the ``count`` (1 to 16) outputs n0 .. n0 + count − 1 at once, in place:
@@ -272,50 +308,25 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, fir
         return None
 
     def codegen(context, builder, signature, args):
-        y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t, w_t, first_t, lane_t, group_t = signature.args
         i64 = ir.IntType(64)
-
-        def data(array_type, value):
-            return context.make_array(array_type)(context, builder, value).data
-
-        n0_v = context.cast(builder, args[1], n0_t, types.int64)
-        count_v = context.cast(builder, args[2], count_t, types.int64)
-        first_v = context.cast(builder, args[8], first_t, types.int64)
-        lane_v = context.cast(builder, args[9], lane_t, types.int64)
-        group_v = context.cast(builder, args[10], group_t, types.int64)
-        lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-        mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
-        masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
-        y_p = builder.bitcast(builder.gep(data(y_t, args[0]), [n0_v]), _FLOATS.as_pointer())
-        a_p = builder.bitcast(builder.gep(data(a_t, args[3]), [n0_v]), _FLOATS.as_pointer())
-        ones = ir.Constant(_FLOATS, [1.0] * LANES)
-        acc = cgutils.alloca_once_value(builder, _masked(builder, "llvm.masked.load.v16f32.p0", masked_load,
-                                                         [y_p, _I32(4), mask, ones]))
-        absmax = _masked(builder, "llvm.masked.load.v16f32.p0", masked_load, [a_p, _I32(4), mask, ones])
-        step = builder.fdiv(absmax, ir.Constant(_FLOATS, [float(QMAX)] * LANES))  # absmax_w[n] / 127, per lane
-        w_data = builder.bitcast(data(w_t, args[7]), ir.IntType(8).as_pointer())
+        count_v = context.cast(builder, args[2], signature.args[2], types.int64)
+        first_v, lane_v, group_v = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (8, 9, 10))
+        w_data = builder.bitcast(_data(context, builder, signature.args[7], args[7]), ir.IntType(8).as_pointer())
         last = builder.sub(count_v, ir.Constant(i64, 1))
         rows = []  # the address of w[n0 + min(l, count − 1), 0]
         for lane in range(LANES):
             r = builder.select(builder.icmp_signed("<", ir.Constant(i64, lane), count_v), ir.Constant(i64, lane), last)
             rows.append(builder.gep(w_data, [builder.add(first_v, builder.mul(r, lane_v))]))
-        cols_p, xo_p = data(cols_t, args[5]), data(xo_t, args[4])
-        J_v = context.cast(builder, args[6], J_t, types.int64)
-        with cgutils.for_range(builder, J_v) as loop:
-            j = loop.index
-            c = builder.load(builder.gep(cols_p, [j]))
+
+        def column(c):  # the 16 bytes of column c, one load each
             c = builder.add(builder.mul(builder.ashr(c, ir.Constant(i64, 2)), group_v),
                             builder.and_(c, ir.Constant(i64, 3)))  # (c // 4)·group_stride + c % 4
-            xj = builder.load(builder.gep(xo_p, [j]))
             w = ir.Constant(ir.VectorType(ir.IntType(8), LANES), None)
             for lane in range(LANES):
                 w = builder.insert_element(w, builder.load(builder.gep(rows[lane], [c])), _I32(lane))
-            scaled = builder.fmul(builder.sitofp(w, _FLOATS), step)  # float32(w[n, c]) · step
-            rounded = builder.fpext(builder.fptrunc(scaled, ir.VectorType(ir.HalfType(), LANES)), _FLOATS)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(_splat(builder, xj, _FLOATS), rounded)), acc)
-        _masked(builder, "llvm.masked.store.v16f32.p0",
-                ir.FunctionType(ir.VoidType(), [_FLOATS, _FLOATS.as_pointer(), _I32, _MASK]),
-                [builder.load(acc), y_p, _I32(4), mask])
+            return w
+
+        _outlier_products(context, builder, signature, args, column)
         return context.get_dummy_value()
 
     return types.none(y, n0, count, absmax_w, x_o, cols, J, w_flat, first, lane_stride, group_stride), codegen
@@ -343,8 +354,8 @@ def dequantized16(typingctx, y, n0, count, sums, w_row_sums, absmax_w, scale):
         i64 = ir.IntType(64)
 
         def at(array_type, value, vector_type):  # &array[n0] as a pointer to a vector
-            data = context.make_array(array_type)(context, builder, value).data
-            return builder.bitcast(builder.gep(data, [n0_v]), vector_type.as_pointer())
+            return builder.bitcast(builder.gep(_data(context, builder, array_type, value), [n0_v]),
+                                   vector_type.as_pointer())
 
         n0_v = context.cast(builder, args[1], n0_t, types.int64)
         count_v = context.cast(builder, args[2], count_t, types.int64)

@@ -43,14 +43,13 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .._common.prefetch import prefetch_rows
 from . import _vnni
 from ._numba_cpu import QMAX, _dequantized, round_to_float16
 from .rows import ROWS_AT_ONCE, int8_rows
-from ._vnni import (LANES, _address, _FLOATS, _I32, _is_c_array, _MASK, _masked, _splat, _VEC, _corrected,
+from ._vnni import (LANES, _address, _data, _I32, _is_c_array, _outlier_products, _splat, _VEC, _corrected,
                     dequantized16, int32x16, vadd, vdpbusd, vload, vzero)
 
 PANEL_ROWS = LANES  # rows of a panel: one output per int32 lane of a zmm register
@@ -115,44 +114,20 @@ def plus_panel_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_p, 
         return None
 
     def codegen(context, builder, signature, args):
-        y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t, w_t, first_t = signature.args
         i64 = ir.IntType(64)
+        first_v = context.cast(builder, args[8], signature.args[8], types.int64)
+        panel = builder.gep(builder.bitcast(_data(context, builder, signature.args[7], args[7]),
+                                            ir.IntType(8).as_pointer()), [first_v])
 
-        def data(array_type, value):
-            return context.make_array(array_type)(context, builder, value).data
-
-        n0_v = context.cast(builder, args[1], n0_t, types.int64)
-        count_v = context.cast(builder, args[2], count_t, types.int64)
-        first_v = context.cast(builder, args[8], first_t, types.int64)
-        lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-        mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
-        masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
-        y_p = builder.bitcast(builder.gep(data(y_t, args[0]), [n0_v]), _FLOATS.as_pointer())
-        a_p = builder.bitcast(builder.gep(data(a_t, args[3]), [n0_v]), _FLOATS.as_pointer())
-        ones = ir.Constant(_FLOATS, [1.0] * LANES)
-        acc = cgutils.alloca_once_value(builder, _masked(builder, "llvm.masked.load.v16f32.p0", masked_load,
-                                                         [y_p, _I32(4), mask, ones]))
-        absmax = _masked(builder, "llvm.masked.load.v16f32.p0", masked_load, [a_p, _I32(4), mask, ones])
-        step = builder.fdiv(absmax, ir.Constant(_FLOATS, [float(QMAX)] * LANES))  # absmax_w[n] / 127, per lane
-        panel = builder.gep(builder.bitcast(data(w_t, args[7]), ir.IntType(8).as_pointer()), [first_v])
-        cols_p, xo_p = data(cols_t, args[5]), data(xo_t, args[4])
-        J_v = context.cast(builder, args[6], J_t, types.int64)
-        with cgutils.for_range(builder, J_v) as loop:
-            j = loop.index
-            c = builder.load(builder.gep(cols_p, [j]))
-            group = builder.gep(panel, [builder.mul(builder.ashr(c, ir.Constant(i64, 2)),
-                                                    ir.Constant(i64, PANEL_LINE))])  # group c // 4
+        def column(c):  # group c // 4's 64 bytes, byte c % 4 of each lane, sign-extended
+            offset = builder.mul(builder.ashr(c, ir.Constant(i64, 2)), ir.Constant(i64, PANEL_LINE))
+            group = builder.gep(panel, [offset])
             words = builder.load(builder.bitcast(group, _VEC.as_pointer()), align=1)  # lane l: row l's 4 bytes
-            r = builder.trunc(builder.and_(c, ir.Constant(i64, GROUP - 1)), _I32)  # byte c % 4 of each lane
-            up = builder.sub(_I32(24), builder.mul(r, _I32(8)))
-            w = builder.ashr(builder.shl(words, _splat(builder, up, _VEC)), _splat(builder, _I32(24), _VEC))
-            xj = builder.load(builder.gep(xo_p, [j]))
-            scaled = builder.fmul(builder.sitofp(w, _FLOATS), step)  # float32(w[n, c]) · step
-            rounded = builder.fpext(builder.fptrunc(scaled, ir.VectorType(ir.HalfType(), LANES)), _FLOATS)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(_splat(builder, xj, _FLOATS), rounded)), acc)
-        _masked(builder, "llvm.masked.store.v16f32.p0",
-                ir.FunctionType(ir.VoidType(), [_FLOATS, _FLOATS.as_pointer(), _I32, _MASK]),
-                [builder.load(acc), y_p, _I32(4), mask])
+            r = builder.trunc(builder.and_(c, ir.Constant(i64, GROUP - 1)), _I32)
+            up = builder.sub(_I32(24), builder.mul(r, _I32(8)))  # byte r to the top, then back down with its sign
+            return builder.ashr(builder.shl(words, _splat(builder, up, _VEC)), _splat(builder, _I32(24), _VEC))
+
+        _outlier_products(context, builder, signature, args, column)
         return context.get_dummy_value()
 
     return types.none(y, n0, count, absmax_w, x_o, cols, J, w_p, first), codegen
