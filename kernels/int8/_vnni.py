@@ -257,19 +257,28 @@ def _data(context, builder, array_type, array):
     return context.make_array(array_type)(context, builder, array).data
 
 
+def _lanes_at(context, builder, array_type, array, n0, vector_type):
+    """&array[n0] (a C-contiguous array, n0 an i64) as a pointer to ``vector_type``: its 16 lanes from n0 on."""
+    return builder.bitcast(builder.gep(_data(context, builder, array_type, array), [n0]), vector_type.as_pointer())
+
+
+def _first_lanes(builder, count):
+    """The mask of lanes 0 .. count − 1 (count an i64) of 16: the outputs n0 .. n0 + count − 1 of a masked load or
+    store at n0."""
+    lanes = ir.Constant(ir.VectorType(ir.IntType(64), LANES), list(range(LANES)))
+    return builder.icmp_unsigned("<", lanes, _splat(builder, count, lanes.type))
+
+
 def _outlier_products(context, builder, signature, args, column):
     """The code of ``_numba_cpu._plus_outliers`` on 16 lanes, in place, for an intrinsic whose first arguments are
     (y, n0, count, absmax_w, x_o, cols, J): y[n0 + l] += Σ_j x_o[0, j] · float16(w · absmax_w[n0 + l] / 127) for
     l < count, w lane l of ``column(c)``, the 16 weights (an integer vector) of outlier column c = cols[j]."""
     y_t, n0_t, count_t, a_t, xo_t, cols_t, J_t = signature.args[:7]
-    i64 = ir.IntType(64)
     n0_v = context.cast(builder, args[1], n0_t, types.int64)
-    count_v = context.cast(builder, args[2], count_t, types.int64)
-    lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-    mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
+    mask = _first_lanes(builder, context.cast(builder, args[2], count_t, types.int64))  # lane l is output n0 + l
     masked_load = ir.FunctionType(_FLOATS, [_FLOATS.as_pointer(), _I32, _MASK, _FLOATS])
-    y_p = builder.bitcast(builder.gep(_data(context, builder, y_t, args[0]), [n0_v]), _FLOATS.as_pointer())
-    a_p = builder.bitcast(builder.gep(_data(context, builder, a_t, args[3]), [n0_v]), _FLOATS.as_pointer())
+    y_p = _lanes_at(context, builder, y_t, args[0], n0_v, _FLOATS)
+    a_p = _lanes_at(context, builder, a_t, args[3], n0_v, _FLOATS)
     ones = ir.Constant(_FLOATS, [1.0] * LANES)
     acc = cgutils.alloca_once_value(builder, _masked(builder, "llvm.masked.load.v16f32.p0", masked_load,
                                                      [y_p, _I32(4), mask, ones]))
@@ -341,9 +350,9 @@ def dequantized16(typingctx, y, n0, count, sums, w_row_sums, absmax_w, scale):
     the outputs are bit for bit the scalar ones. Nothing past ``count`` is read or written (masked loads and store).
     y, absmax_w (N,) float32, w_row_sums (N,) int32.
 
-    Why: written out per output, the epilogue of a panel of 16 outputs was ~80 instructions beside the ~320 of its
-    products at K = 576, and a thread that streams its weights from DRAM reads only as far ahead as its instructions
-    reach (``panels``, v2)."""
+    Why: written out per output, a panel's epilogue was 16 outputs' scalar loads, conversions and products beside
+    its 144 ``vpdpbusd`` at K = 576, and a thread that streams its weights from DRAM reads only as far ahead as its
+    instructions reach (``panels``, v2)."""
     if not (_is_c_array(y) and y.dtype == types.float32 and _is_c_array(absmax_w) and absmax_w.dtype == types.float32
             and _is_c_array(w_row_sums) and w_row_sums.dtype == types.int32 and sums == int32x16
             and isinstance(n0, types.Integer) and isinstance(count, types.Integer) and scale == types.float32):
@@ -351,16 +360,12 @@ def dequantized16(typingctx, y, n0, count, sums, w_row_sums, absmax_w, scale):
 
     def codegen(context, builder, signature, args):
         y_t, n0_t, count_t, _, r_t, a_t, _ = signature.args
-        i64 = ir.IntType(64)
 
         def at(array_type, value, vector_type):  # &array[n0] as a pointer to a vector
-            return builder.bitcast(builder.gep(_data(context, builder, array_type, value), [n0_v]),
-                                   vector_type.as_pointer())
+            return _lanes_at(context, builder, array_type, value, n0_v, vector_type)
 
         n0_v = context.cast(builder, args[1], n0_t, types.int64)
-        count_v = context.cast(builder, args[2], count_t, types.int64)
-        lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-        mask = builder.icmp_unsigned("<", lanes, _splat(builder, count_v, lanes.type))  # lane l is n0 + l if l < count
+        mask = _first_lanes(builder, context.cast(builder, args[2], count_t, types.int64))  # lane l is output n0 + l
         row_sums = _masked(builder, "llvm.masked.load.v16i32.p0",
                            ir.FunctionType(_VEC, [_VEC.as_pointer(), _I32, _MASK, _VEC]),
                            [at(r_t, args[4], _VEC), _I32(4), mask, ir.Constant(_VEC, None)])

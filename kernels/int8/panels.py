@@ -29,14 +29,14 @@ Versions:
       the panel's bytes) and the portable loop. The reference is the row kernels' (``_numba_cpu.split_gemv``):
       the same bits.
   v2: a panel's outputs finished on 16 lanes (``_vnni.dequantized16``) instead of one by one, the outlier column's
-      16 weights read in one load (``plus_panel_outliers16``) instead of 16, and no view of the weight or the outputs
-      made per call. A thread that streams its weights from DRAM issues its loads only as far ahead as its
-      instructions reach, and the epilogue had been about a fifth of them (~80 of ~400 a panel at K = 576): the
-      linear steps of SmolLM2's int8 + int8 head step on two threads ran in 0.94 of their time with SwiGLU taken out
-      of them and in 0.86 with the epilogues too (wrong values, a measurement only, in turn in one process). 256 MiB of
-      panels at K = 576 from DRAM, one thread, calls of 128 rows, v1 and v2 in turn in one process (8 rounds, 2-vCPU
-      AMD EPYC, Zen 4, KVM): 24.6 -> 28.3 GB/s (medians) without outliers, 23.0 -> 27.2 with 7, faster in every
-      round; the same bits.
+      16 weights read in one load (``plus_panel_outliers16``) instead of 16, and no view of the weight or the
+      outputs made per call. A thread that streams its weights from DRAM issues its loads only as far ahead as its
+      instructions reach, and the epilogue's scalar work per output stood beside a panel's 144 ``vpdpbusd`` at
+      K = 576: the linear steps of SmolLM2's int8 + int8 head step on two threads ran in 0.94 of their time with
+      SwiGLU taken out of them and in 0.86 with the epilogues too (wrong values, a measurement only, in turn in one
+      process). 256 MiB of panels at K = 576 from DRAM, one thread, calls of 128 rows, v1 and v2 in turn in one
+      process (8 rounds, 2-vCPU AMD EPYC, Zen 4, KVM): 24.6 -> 28.3 GB/s (medians) without outliers, 23.0 -> 27.2
+      with 7, faster in every round; the same bits.
 """
 from __future__ import annotations
 
@@ -105,8 +105,9 @@ def plus_panel_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_p, 
     byte. Lanes past ``count`` take a later row of the panel (padding past N, or outputs past the range) and write
     nothing.
 
-    Why: SmolLM2's int8 LM head meets ~7 outlier features a token; with a gather per feature its panels carried about
-    as many instructions for the outliers as for the products (``_panels_vnni``)."""
+    Why: SmolLM2's int8 LM head meets ~7 outlier features a token (6.9 on average over 48 tokens of ``generate``);
+    with 16 byte loads per feature, that was 112 loads a panel for the outliers beside its 144 loads of weights at
+    K = 576 (``_panels_vnni``)."""
     arrays = (y, absmax_w, x_o, cols, w_p)
     if not (all(_is_c_array(a) for a in arrays) and w_p.dtype == types.int8 and cols.dtype == types.int64
             and all(a.dtype == types.float32 for a in (y, absmax_w, x_o))
