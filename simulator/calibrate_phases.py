@@ -241,21 +241,19 @@ def _flash_block_rates(d: int, threads: int) -> dict:
             "fma_block": br * d / rescale, "block_br": br, "block_bc": bc}
 
 
-def _standard_gemm_rates(d: int, threads: int) -> dict:
+def _standard_gemm_rates(d: int) -> dict:
     """The standard algorithm's matmuls (``kernels._common.blas``): S = QKᵀ (K = d) and PV (K = N) over 8 heads of
     N = 1024, into outputs allocated once (their page faults are counted apart, in ``first_touch_all``)."""
-    from kernels._common.blas import TASKS_PER_THREAD, _batched_nn, _batched_nt, single_threaded_blas
+    from kernels._common.blas import batched_matmul
 
     G, n = 8, 1024
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((G, n, d), dtype=np.float32) for _ in range(3))  # (G, N, d)
     s = np.empty((G, n, n), dtype=np.float32)  # (G, N, N)
     o = np.empty((G, n, d), dtype=np.float32)  # (G, N, d)
-    n_blocks = max(1, min(n, -(-TASKS_PER_THREAD * threads // G)))
     flops = 2 * G * n * n * d
-    with single_threaded_blas():
-        qk = flops / _best(lambda: _batched_nt(q, k, s, n_blocks))
-        pv = flops / _best(lambda: _batched_nn(s, v, o, n_blocks))
+    qk = flops / _best(lambda: batched_matmul(q, k, transpose_b=True, out=s))
+    pv = flops / _best(lambda: batched_matmul(s, v, out=o))
     return {"gemm_qk": qk, "gemm_pv": pv, "gemm_d": d}
 
 
@@ -580,7 +578,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     y_small = x_small.copy()
     values.update(_numpy_pass_rates(x_small, y_small, "llc"))
     values.update(_numpy_pass_rates(buffer[:half], buffer[half:2 * half], "dram"))
-    values.update(_standard_gemm_rates(d, threads))
+    values.update(_standard_gemm_rates(d))
     values.update(_flash_block_rates(d, threads))
     values["first_touch_all"] = first_touch_rate(buffer.nbytes // 4)
     values["attention_call_s"] = attention_call_seconds()

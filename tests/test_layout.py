@@ -42,9 +42,7 @@ KNOWN = {
     ("simulator.calibrate_phases", "kernels._common.numba_cpu.exp_row"): _PIECES,
     ("simulator.calibrate_phases", "kernels._common.numba_cpu.row_max"): _PIECES,
     ("simulator.calibrate_phases", "kernels._common.blas.single_threaded_blas"): _PIECES,
-    ("simulator.calibrate_phases", "kernels._common.blas.TASKS_PER_THREAD"): _PIECES,
-    ("simulator.calibrate_phases", "kernels._common.blas._batched_nn"): _PIECES,
-    ("simulator.calibrate_phases", "kernels._common.blas._batched_nt"): _PIECES,
+    ("simulator.calibrate_phases", "kernels._common.blas.batched_matmul"): _PIECES,
 }
 
 

@@ -8,6 +8,8 @@ from kernels import dense
 from kernels._common import zmm
 from kernels.dense import GEMV_ROWS, matmul_nt
 
+from tests.helpers import numba_threads
+
 ROW_PATHS = [pytest.param(dense._rows_loop, id="loop"),
              pytest.param(dense._rows_zmm, id="zmm", marks=pytest.mark.skipif(
                  not zmm.AVAILABLE, reason="the zmm path compiles only for a target with AVX-512F"))]
@@ -71,6 +73,25 @@ def test_batched_matmul_writes_into_the_array_given(rng, transpose_b):
         with pytest.raises(ValueError, match="out must be a C-contiguous float32 array of shape"):
             batched_matmul(a, b, transpose_b=transpose_b, out=bad)
 
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("g, m, n, k", [(1, 1, 1, 1), (1, 5, 300, 7), (1, 300, 5, 7), (1, 17, 40, 3),
+                                        (2, 33, 100, 9), (5, 2, 3, 4), (3, 64, 64, 65), (1, 256, 1536, 40)])
+def test_batched_matmul_equals_the_float64_product(rng, threads, transpose_b, g, m, n, k):
+    """Every block of every matrix computed once, whichever side is split (columns when M < N for a · bᵀ, rows
+    otherwise) and however many threads claim the blocks, widths that do not divide the side included."""
+    from kernels._common.blas import batched_matmul
+
+    a = rng.standard_normal((g, m, k)).astype(np.float32)
+    b = rng.standard_normal((g, n, k) if transpose_b else (g, k, n)).astype(np.float32)
+    b_kn = np.swapaxes(b, 1, 2) if transpose_b else b  # (g, k, n)
+    with numba_threads(threads):
+        y = batched_matmul(a, b, transpose_b=transpose_b)
+    ref = a.astype(np.float64) @ b_kn.astype(np.float64)
+    bound = k * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b_kn).astype(np.float64))
+    assert y.shape == (g, m, n) and np.all(np.abs(y - ref) <= bound + 1e-30)
 
 GUARDED_READ = """
 import ctypes, mmap, sys
