@@ -71,7 +71,8 @@ def pytest_terminal_summary(terminalreporter, config):
     pool = kernels.pool_info()
     peaks = ", ".join(f"{key}={value:.1f}" for key, value in _MEASURED.items()) or "not measured in this run"
     tr.write_line(f"machine: {cpu_model()}, {os.cpu_count()} logical cores; ioaware pool: "
-                  f"{pool['threading_layer']} x{pool['threads']} threads, wait policy {pool['wait_policy']}; "
+                  f"{pool['threading_layer']} x{pool['threads']} threads, wait policy {pool['wait_policy']}, "
+                  f"workers off the caller's CPU: {pool['steer_workers']}; "
                   f"BLAS: {sorted(blas)}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     tr.write_line(f"peaks measured in this run: {peaks}")
     for row in rows:

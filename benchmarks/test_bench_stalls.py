@@ -16,6 +16,8 @@ Options (environment of the child process):
 - ``passive-all``: ``OMP_WAIT_POLICY=PASSIVE`` for every OpenMP runtime in the process, torch's included;
 - ``workqueue``: Numba's workqueue layer (its threads sleep on a condition variable; not thread-safe);
 - ``oversubscribed``: the design with twice as many Numba threads as cores;
+- ``no-steer``: the design without keeping Numba's workers off the calling thread's CPU
+  (``IOAWARE_STEER_WORKERS=0``, kernels/_common/affinity.py);
 - ``blas-sleeps``: the design with NumPy's OpenBLAS workers sleeping as soon as a call of theirs ends
   (``OPENBLAS_THREAD_TIMEOUT=4``: 2^4 cycles of spinning instead of the default 2^28, OpenBLAS's
   ``driver/others/blas_server.c``), so that they no longer share the cores with the ioaware call after theirs.
@@ -46,6 +48,7 @@ OPTIONS = {
     "workqueue": ({"NUMBA_THREADING_LAYER": "workqueue"}, []),
     "oversubscribed": ({"NUMBA_NUM_THREADS": str(2 * (os.cpu_count() or 1))}, []),
     "blas-sleeps": ({"OPENBLAS_THREAD_TIMEOUT": "4"}, []),
+    "no-steer": ({"IOAWARE_STEER_WORKERS": "0"}, []),
 }
 P90_OVER_MEDIAN = 1.5
 PEERS = ("numpy ", "torch ")  # the calls of other libraries between ours: their spread is reported beside ours
@@ -56,7 +59,8 @@ DECODE_OF_BOUND = 0.8
 def run_probe(option, out_path):
     env_extra, flags = OPTIONS[option]
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OPENBLAS_THREAD_TIMEOUT")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OPENBLAS_THREAD_TIMEOUT",
+                        "IOAWARE_STEER_WORKERS")}
     env.update(env_extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(PROBE), "--rounds", str(ROUNDS), "--out", str(out_path), "--decode", *flags]

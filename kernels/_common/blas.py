@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit, prange
 from threadpoolctl import ThreadpoolController
 
+from .affinity import steer_workers
 from .atomics import COUNTER_STRIDE, claim
 
 
@@ -39,6 +40,7 @@ def single_threaded_blas():
     Through the library controllers' own get/set calls: 3.5 us per block, against 15 us for threadpoolctl's
     general ``limit`` (which a 90 us decode step over a pruned cache notices).
     """
+    steer_workers()  # the block runs a parallel region next
     libs = _numba_blas().lib_controllers
     previous = [lib.get_num_threads() for lib in libs]
     for lib, n in zip(libs, previous):

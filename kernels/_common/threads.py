@@ -9,6 +9,8 @@ call wakes one pool, and when it returns that pool's threads sleep at once:
   policy: at the end of a parallel region the workers block in the kernel instead of spinning.
 - BLAS called from those threads (SciPy's OpenBLAS, which Numba's ``np.dot`` uses) is limited to one thread for
   the duration of the call, so its own pool never wakes.
+- Before a region, the workers' affinity leaves out the CPU of the thread that launches it (``affinity.py``, Linux):
+  a VM's guest kernel may otherwise wake a sleeping worker on that very CPU, where it waits for the caller.
 
 Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
 default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits
@@ -85,12 +87,15 @@ def configure_pool() -> None:
 
 
 def pool_info() -> dict:
-    """What runs ioaware's parallel loops: the threading layer, its thread count and its wait policy."""
+    """What runs ioaware's parallel loops: the threading layer, its thread count, its wait policy, and whether its
+    workers are kept off the calling thread's CPU (``affinity.py``)."""
     configure_pool()
     import numba
 
+    from .affinity import enabled
+
     return {"threading_layer": _state["layer"], "threads": numba.get_num_threads(),
-            "wait_policy": _state["wait_policy"]}
+            "wait_policy": _state["wait_policy"], "steer_workers": enabled()}
 
 
 # -- small calls on the calling thread ------------------------------------------------------------------------------
@@ -111,7 +116,12 @@ def serial_if_small(multiply_adds: float = 0, elements: float = 0):
     both thresholds above (``multiply_adds`` of its products, ``elements`` of its element passes); otherwise on
     the pool as set. The thread count is Numba's per-thread setting, so other Python threads are not affected."""
     small = multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS
-    return _OnOneThread() if small else contextlib.nullcontext()
+    if small:
+        return _OnOneThread()
+    from .affinity import steer_workers
+
+    steer_workers()  # the pool runs the call's regions: its workers off this thread's core (affinity.py)
+    return contextlib.nullcontext()
 
 
 class _OnOneThread:

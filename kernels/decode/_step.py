@@ -100,6 +100,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .._common.affinity import steer_workers
 from .._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, home_block, wait_until
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
@@ -594,6 +595,7 @@ class LlamaDecodeStep:
                 chunk = min(n_tokens - done, PIECE_SLOTS - longest % PIECE_SLOTS, GREEDY_TOKENS)
                 pieces, parts = self._pieces(longest // PIECE_SLOTS + 1)
                 plan = self._plan_for(True, n_workers, pieces)
+                steer_workers()
                 n, not_finite, token = _greedy(
                     token, chunk, stop, embedding, cos[done:done + chunk], sin[done:done + chunk],
                     tokens[done:done + chunk], n_workers, plan, self._counters_for(plan, n_workers),  # zeroed there
@@ -650,6 +652,7 @@ class LlamaDecodeStep:
         ``parts`` (``_pieces``); the count of the result's values that are not finite."""
         self._set_thresholds()
         counters = self._zeroed_counters(plan, n_workers)
+        steer_workers()
         _run(n_workers, plan, counters, path_marker(), self.row_prefetch, *self._weights, self._lin_kind,
              self._thresholds, self._norms, kv, self._bufs(x, parts), *self._quant, rot, outliers)
         return counters[counters.size - COUNTER_STRIDE]

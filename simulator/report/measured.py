@@ -93,7 +93,8 @@ def machine_section(ctx: RunContext) -> Section:
             {"property": "logical_cores", "value": os.cpu_count()},
             {"property": "numba_threads", "value": pool["threads"]},
             {"property": "threading_layer", "value": pool["threading_layer"]},
-            {"property": "wait_policy", "value": pool["wait_policy"]}]
+            {"property": "wait_policy", "value": pool["wait_policy"]},
+            {"property": "steer_workers", "value": pool["steer_workers"]}]
     rows += [{"property": f"{level}_bytes", "value": size} for level, size in sorted(cache_sizes().items())]
     rows += [{"property": "dram_triad_gb_per_s", "value": f"{cpu.hbm_bandwidth / 1e9:.1f}"},
              {"property": "l2_triad_gb_per_s", "value": f"{cpu.sram_bandwidth / 1e9:.1f}"},

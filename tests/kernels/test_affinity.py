@@ -1,0 +1,80 @@
+"""kernels._common.affinity: Numba's workers kept off the calling thread's CPU before a parallel region, and the
+launchers that steer them."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+from kernels._common import affinity, blas, threads
+
+from tests.helpers import numba_threads
+
+needs_steering = pytest.mark.skipif(not affinity.SUPPORTED or len(os.sched_getaffinity(0)) < 2
+                                    or numba.config.NUMBA_NUM_THREADS < 2,
+                                    reason="needs Linux with gettid (glibc >= 2.30), two CPUs and a pool of two")
+
+
+@pytest.fixture
+def pool_of_two(monkeypatch):
+    monkeypatch.delenv(affinity.ENV_SWITCH, raising=False)
+    with numba_threads(2):
+        affinity._workers.cpu = -1  # set the masks again at the next steer
+        yield
+    for tid in affinity._workers.ids:  # the workers back on every CPU the process may use
+        os.sched_setaffinity(tid, os.sched_getaffinity(0))
+    affinity._workers.cpu = -1
+
+
+@pytest.mark.parametrize("allowed, cpu, n_workers, mask", [({0, 1}, 0, 1, {1}), ({0, 1, 2, 3}, 2, 3, {0, 1, 3}),
+                                                          ({0, 1}, 1, 3, {0, 1}), ({5}, 5, 1, {5}),
+                                                          ({0, 2, 4}, 7, 2, {0, 2, 4})])
+def test_the_workers_mask_leaves_out_the_callers_cpu_where_the_others_suffice(allowed, cpu, n_workers, mask):
+    assert affinity.worker_mask(allowed, cpu, n_workers) == mask
+
+
+@needs_steering
+def test_the_worker_ids_are_the_pools_other_threads(pool_of_two):
+    ids = affinity._read_ids(2)
+    tasks = {int(t) for t in os.listdir("/proc/self/task")}
+    assert len(ids) == 1 and ids[0] != threading.get_native_id() and ids[0] in tasks
+
+
+@needs_steering
+def test_steering_takes_the_callers_cpu_out_of_each_workers_affinity(pool_of_two):
+    affinity.steer_workers()
+    state = affinity._workers
+    assert state.ids and state.cpu in os.sched_getaffinity(0)
+    for tid in state.ids:
+        assert os.sched_getaffinity(tid) == os.sched_getaffinity(0) - {state.cpu}
+
+
+@needs_steering
+def test_the_switch_turns_steering_off(pool_of_two, monkeypatch):
+    affinity.steer_workers()
+    for tid in affinity._workers.ids:
+        os.sched_setaffinity(tid, os.sched_getaffinity(0))
+    affinity._workers.cpu = -1
+    monkeypatch.setenv(affinity.ENV_SWITCH, "0")
+    affinity.steer_workers()
+    assert not affinity.enabled()
+    for tid in affinity._workers.ids:
+        assert os.sched_getaffinity(tid) == os.sched_getaffinity(0)
+
+
+def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
+    """batched_matmul (through single_threaded_blas) and a call that serial_if_small leaves on the pool steer; a
+    small call, which runs on the calling thread, does not."""
+    calls = []
+    monkeypatch.setattr(blas, "steer_workers", lambda: calls.append("blas"))
+    monkeypatch.setattr(affinity, "steer_workers", lambda: calls.append("pool"))
+    a = rng.standard_normal((1, 8, 4), dtype=np.float32)
+    blas.batched_matmul(a, a, transpose_b=True)
+    with threads.serial_if_small(multiply_adds=threads.SERIAL_MULTIPLY_ADDS):
+        pass
+    with threads.serial_if_small(multiply_adds=1):
+        pass
+    assert calls == ["blas", "pool"]
