@@ -77,6 +77,8 @@ def enabled() -> bool:
 
 
 class _Workers(threading.local):
+    pid = 0  # the process the ids were read in: a forked child has none of its parent's workers, and setting
+    # the affinity of a thread id outside the process would move another process's thread
     threads = 0  # the pool size the ids were read for
     ids: tuple = ()  # the workers' thread ids; empty when they could not all be told apart
     cpu = -1  # the caller's CPU when the affinities were last set
@@ -117,8 +119,8 @@ def steer_workers() -> None:
     if threads < 2:
         return
     state = _workers
-    if state.threads != threads:
-        state.threads, state.ids, state.cpu = threads, _read_ids(threads), -1
+    if state.threads != threads or state.pid != os.getpid():
+        state.pid, state.threads, state.ids, state.cpu = os.getpid(), threads, _read_ids(threads), -1
     cpu = _sched_getcpu()
     if not state.ids or cpu == state.cpu or cpu < 0:
         return

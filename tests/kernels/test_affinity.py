@@ -78,3 +78,14 @@ def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     with threads.serial_if_small(multiply_adds=1):
         pass
     assert calls == ["blas", "pool"]
+
+
+
+@needs_steering
+def test_ids_read_in_another_process_are_read_again(pool_of_two):
+    """Ids from before a fork name the parent's threads: another pid's are never used."""
+    affinity.steer_workers()
+    real = affinity._workers.ids
+    affinity._workers.pid, affinity._workers.ids, affinity._workers.cpu = -1, (2**31 - 1,), -1
+    affinity.steer_workers()
+    assert affinity._workers.ids == real and affinity._workers.pid == os.getpid()
