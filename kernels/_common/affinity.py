@@ -14,12 +14,16 @@ last, medians of 25, off -> on): flash attention N = 1024 causal 17.0 -> 11.3 ms
 (256, 576) · (576, 1536) 6.4 -> 3.8, ``int8_matmul`` 128 × 1024² 4.4 -> 3.5 (back to back: 11.4, 3.4, 2.7 ms).
 
 How: the workers' thread ids are read once per calling thread and pool size, by a parallel region whose every
-iteration asks ``gettid()`` (GNU OpenMP keeps one pool of workers per thread that launches regions). Before a
-region, ``steer_workers`` compares the caller's CPU (``sched_getcpu()``) with the one it saw last; when it moved,
-each worker's affinity becomes the caller's allowed CPUs less that one (``sched_setaffinity``, one system call per
-worker). Where the workers outnumber the other CPUs (more threads than cores), nothing is set: the scheduler
-shares the cores better than a fixed set would. ``IOAWARE_STEER_WORKERS=0`` turns it off; outside Linux, or
-where the C library has no ``gettid`` (glibc before 2.30), it is off.
+iteration asks ``gettid()`` (GNU OpenMP keeps one pool of workers per thread that launches regions), with each
+worker's own affinity. Before a region, ``steer_workers`` compares the caller's CPU (``sched_getcpu()``) with the
+one it saw last; when it moved, each worker's affinity becomes its own less that CPU (``sched_setaffinity``, one
+system call per worker). A worker keeps its own affinity where that would leave fewer CPUs than there are workers
+(more threads than cores: the scheduler shares the cores better than a fixed set would) or would not change it
+(threads bound by ``OMP_PROC_BIND``). The affinities stay set between calls (a region of the user's own Numba
+code on the same thread runs with them too). ``IOAWARE_STEER_WORKERS=0`` when kernels is imported turns it off, as
+does ``ENABLED = False`` later (the workers get their own affinities back at the next call); outside Linux, or
+where the C library has no ``gettid`` (glibc before 2.30), it is off. ``kernels.pool_info()["steer_workers"]``
+says whether it is on for the calling thread.
 """
 from __future__ import annotations
 
@@ -29,24 +33,30 @@ import sys
 import threading
 
 from llvmlite import ir
+import numba
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.errors import NumbaError
 from numba.extending import intrinsic
+from numba.np.ufunc import parallel as _parallel
 
 ENV_SWITCH = "IOAWARE_STEER_WORKERS"
 DISCOVERY_TRIES = 20  # regions run to see every worker at least once (each takes one iteration of a static split)
 
 
 def _libc():
+    """The C library of this process, on Linux (elsewhere None: ``ctypes.CDLL(None)`` is Linux's and macOS's)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         return ctypes.CDLL(None, use_errno=True)
-    except OSError:
+    except (OSError, TypeError):
         return None
 
 
 _LIBC = _libc()
-SUPPORTED = (sys.platform.startswith("linux") and hasattr(os, "sched_setaffinity") and _LIBC is not None
-             and hasattr(_LIBC, "gettid") and hasattr(_LIBC, "sched_getcpu"))
+SUPPORTED = (_LIBC is not None and hasattr(os, "sched_setaffinity") and hasattr(_LIBC, "gettid")
+             and hasattr(_LIBC, "sched_getcpu"))
 if SUPPORTED:
     _sched_getcpu = _LIBC.sched_getcpu
     _sched_getcpu.restype, _sched_getcpu.argtypes = ctypes.c_int, []
@@ -71,17 +81,29 @@ def _thread_ids(out):
         out[i] = _gettid()
 
 
+ENABLED = os.environ.get(ENV_SWITCH, "1") != "0"  # read once, at import: a lookup in os.environ takes ~0.9 us
+
+
 def enabled() -> bool:
-    """Whether ``steer_workers`` sets affinities in this process."""
-    return SUPPORTED and os.environ.get(ENV_SWITCH, "1") != "0"
+    """Whether ``steer_workers`` sets affinities in this process (``ENABLED``: the switch when kernels was
+    imported, or as set since)."""
+    return SUPPORTED and ENABLED
+
+
+def _pool_size() -> int:
+    """Numba's thread count for this thread: its threading layer's own getter once the pool runs (130 ns against
+    850 for ``numba.get_num_threads``, which checks the pool's start under a lock first)."""
+    getter = getattr(_parallel, "_get_num_threads", None)
+    return getter() if getter is not None and _parallel._is_initialized else numba.get_num_threads()
 
 
 class _Workers(threading.local):
     pid = 0  # the process the ids were read in: a forked child has none of its parent's workers, and setting
     # the affinity of a thread id outside the process would move another process's thread
     threads = 0  # the pool size the ids were read for
-    ids: tuple = ()  # the workers' thread ids; empty when they could not all be told apart
-    cpu = -1  # the caller's CPU when the affinities were last set
+    ids: tuple = ()  # the workers' thread ids; empty when they could not all be told apart (steering off)
+    masks: tuple = ()  # each worker's own affinity when its id was read: what a steer narrows and a restore sets
+    cpu = -1  # the caller's CPU the affinities were last narrowed for; -1 while the workers hold their own
 
 
 _workers = _Workers()
@@ -101,34 +123,77 @@ def _read_ids(threads):
     return tuple(sorted(seen)) if len(seen) == threads - 1 else ()
 
 
-def worker_mask(allowed: set, cpu: int, n_workers: int) -> set:
-    """The CPUs the workers may run on while the caller runs on ``cpu``: ``allowed`` less ``cpu``, or all of
-    ``allowed`` where the others are fewer than the workers."""
-    others = set(allowed) - {cpu}
-    return others if len(others) >= n_workers else set(allowed)
+def _read(state, threads):
+    """Read this thread's workers (ids and own affinities) for a pool of ``threads``."""
+    state.pid, state.threads, state.cpu = os.getpid(), threads, -1
+    try:
+        state.ids = _read_ids(threads)
+        state.masks = tuple(frozenset(os.sched_getaffinity(tid)) for tid in state.ids)
+    except (OSError, RuntimeError, NumbaError):  # not readable here (the region did not compile, a thread
+        state.ids, state.masks = (), ()  # refused): steering off for this thread, never a failed kernel call
+
+
+def _alive(ids) -> bool:
+    """Whether every id is still a thread of this process (GNU OpenMP ends a pool's surplus workers when a region
+    asks for fewer threads, and starts new ones when a later region asks for more)."""
+    return all(os.path.exists(f"/proc/self/task/{tid}") for tid in ids)
+
+
+def worker_mask(own: set, cpu: int, n_workers: int) -> set:
+    """The CPUs a worker whose own affinity is ``own`` may run on while the caller runs on ``cpu``: ``own`` less
+    ``cpu``, or ``own`` itself where that leaves fewer CPUs than there are workers (or ``cpu`` is not in it)."""
+    others = set(own) - {cpu}
+    return others if len(others) >= n_workers else set(own)
+
+
+def _set(state, masks) -> bool:
+    """Set each worker's affinity; False when a worker is gone (ids to read again) or may not be set (steering
+    off for this thread)."""
+    try:
+        for tid, mask in zip(state.ids, masks):
+            os.sched_setaffinity(tid, mask)
+    except ProcessLookupError:
+        state.threads = 0
+        return False
+    except OSError:
+        state.ids, state.masks = (), ()
+        return False
+    return True
+
+
+def steering() -> bool:
+    """Whether ``steer_workers`` narrows the affinity of this thread's workers (their ids read now if not yet)."""
+    if not enabled():
+        return False
+    threads = _pool_size()
+    state = _workers
+    if threads >= 2 and (state.threads != threads or state.pid != os.getpid()):
+        _read(state, threads)
+    return threads >= 2 and bool(state.ids)
 
 
 def steer_workers() -> None:
-    """Keep Numba's workers off this thread's CPU for the region about to run (see the module docstring); a few
-    hundred nanoseconds when this thread has not moved since the last call."""
-    if not enabled():
-        return
-    import numba
-
-    threads = numba.get_num_threads()
-    if threads < 2:
+    """Keep Numba's workers off this thread's CPU for the region about to run (see the module docstring): about
+    0.7 us when this thread has not moved since the last call, ~10 us with the system calls when it has. When
+    steering has been turned off since the last call, the workers get their own affinities back."""
+    if not SUPPORTED:
         return
     state = _workers
-    if state.threads != threads or state.pid != os.getpid():
-        state.pid, state.threads, state.ids, state.cpu = os.getpid(), threads, _read_ids(threads), -1
+    if not ENABLED:
+        if state.cpu != -1 and _set(state, state.masks):
+            state.cpu = -1
+        return
+    threads = _pool_size()
+    if threads < 2:
+        return
+    if state.threads != threads:
+        _read(state, threads)
     cpu = _sched_getcpu()
     if not state.ids or cpu == state.cpu or cpu < 0:
         return
-    mask = worker_mask(os.sched_getaffinity(0), cpu, len(state.ids))  # from this thread's CPUs
-    try:
-        for tid in state.ids:
-            os.sched_setaffinity(tid, mask)
-    except OSError:  # a worker gone (its pool was resized) or not ours to set: read the ids again next time
-        state.threads = 0
-        return
-    state.cpu = cpu
+    if state.pid != os.getpid() or not _alive(state.ids):  # forked since, or a pool resized since: other threads
+        _read(state, threads)
+        if not state.ids:
+            return
+    if _set(state, [worker_mask(own, cpu, len(state.ids)) for own in state.masks]):
+        state.cpu = cpu

@@ -70,7 +70,8 @@ def single_threaded_blas():
 #       3.04 -> 2.82 ms, (64, 576) · (576, 576) 0.94 -> 0.67, (256, 1536) · (1536, 576) 3.53 -> 3.21; the standard
 #       algorithm's S = QKᵀ and PV over 8 heads at N = 512: 2.04 / 2.06 ms both.
 TASKS_PER_THREAD = 4  # blocks per thread: enough that the other threads can take over a late thread's share
-COLUMN_ALIGN = 16  # a column block's width rounds up to whole 64-byte lines of float32 (none shared by two blocks)
+COLUMN_ALIGN = 16  # a column block's width rounds up to 16 columns, a 64-byte line of float32: where out's rows
+# start on a line, two threads' float32 blocks write no line in common
 
 
 @njit(cache=True)
@@ -95,7 +96,9 @@ def _batched_nt(a, b, out, n_blocks, by_columns, counters):
         while task >= 0:
             if by_columns:
                 g, c0, c1 = _block(task, N, n_blocks, COLUMN_ALIGN)
-                if c0 < c1:
+                if c1 - c0 == N:  # the whole matrix: straight into out
+                    np.dot(a[g], b[g].T, out[g])
+                elif c0 < c1:
                     part = np.empty((M, c1 - c0), dtype=out.dtype)  # (M, c1 - c0)
                     np.dot(a[g], b[g, c0:c1].T, part)
                     out[g, :, c0:c1] = part
@@ -138,10 +141,12 @@ def batched_matmul(a, b, *, transpose_b=False, out=None):
         out[...] = 0
         return out
     threads = numba.get_num_threads()
-    by_columns = transpose_b and M < N  # split the side whose blocks repack the smaller operand
-    extent = N if by_columns else M
-    n_blocks = max(1, min(extent, -(-TASKS_PER_THREAD * threads // G)))  # blocks per matrix: G·n_blocks tasks
-    counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)  # claims per thread's home blocks
+    wanted = -(-TASKS_PER_THREAD * threads // G)  # blocks per matrix for TASKS_PER_THREAD·threads tasks in all
+    column_blocks = -(-N // COLUMN_ALIGN)  # the most column blocks of whole 16-column widths
+    # split the side whose blocks repack the smaller operand, where its blocks are at least as many as rows would be
+    by_columns = transpose_b and M < N and column_blocks >= min(wanted, M)
+    n_blocks = max(1, min(column_blocks if by_columns else M, wanted))  # blocks per matrix: G·n_blocks tasks
+    counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)  # (threads·COUNTER_STRIDE,) claims per home block
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     with single_threaded_blas():
         if transpose_b:

@@ -92,10 +92,10 @@ def pool_info() -> dict:
     configure_pool()
     import numba
 
-    from .affinity import enabled
+    from .affinity import steering
 
     return {"threading_layer": _state["layer"], "threads": numba.get_num_threads(),
-            "wait_policy": _state["wait_policy"], "steer_workers": enabled()}
+            "wait_policy": _state["wait_policy"], "steer_workers": steering()}
 
 
 # -- small calls on the calling thread ------------------------------------------------------------------------------

@@ -20,20 +20,23 @@ needs_steering = pytest.mark.skipif(not affinity.SUPPORTED or len(os.sched_getaf
 
 @pytest.fixture
 def pool_of_two(monkeypatch):
-    monkeypatch.delenv(affinity.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(affinity, "ENABLED", True)
     with numba_threads(2):
         affinity._workers.cpu = -1  # set the masks again at the next steer
         yield
-    for tid in affinity._workers.ids:  # the workers back on every CPU the process may use
-        os.sched_setaffinity(tid, os.sched_getaffinity(0))
-    affinity._workers.cpu = -1
+    state = affinity._workers
+    for tid, own in zip(state.ids, state.masks):  # the workers back on their own CPUs
+        os.sched_setaffinity(tid, own)
+    state.cpu = -1
 
 
-@pytest.mark.parametrize("allowed, cpu, n_workers, mask", [({0, 1}, 0, 1, {1}), ({0, 1, 2, 3}, 2, 3, {0, 1, 3}),
-                                                          ({0, 1}, 1, 3, {0, 1}), ({5}, 5, 1, {5}),
-                                                          ({0, 2, 4}, 7, 2, {0, 2, 4})])
-def test_the_workers_mask_leaves_out_the_callers_cpu_where_the_others_suffice(allowed, cpu, n_workers, mask):
-    assert affinity.worker_mask(allowed, cpu, n_workers) == mask
+@pytest.mark.parametrize("own, cpu, n_workers, mask", [
+    ({0, 1}, 0, 1, {1}), ({0, 1, 2, 3}, 2, 3, {0, 1, 3}),  # the caller's CPU left out
+    ({0, 1}, 1, 3, {0, 1}),  # more workers than the other CPUs: their own
+    ({5}, 5, 1, {5}), ({1}, 0, 1, {1}), ({0, 2, 4}, 7, 2, {0, 2, 4}),  # nothing to leave out: their own
+])
+def test_a_workers_mask_leaves_out_the_callers_cpu_where_the_others_suffice(own, cpu, n_workers, mask):
+    assert affinity.worker_mask(own, cpu, n_workers) == mask
 
 
 @needs_steering
@@ -48,21 +51,45 @@ def test_steering_takes_the_callers_cpu_out_of_each_workers_affinity(pool_of_two
     affinity.steer_workers()
     state = affinity._workers
     assert state.ids and state.cpu in os.sched_getaffinity(0)
-    for tid in state.ids:
-        assert os.sched_getaffinity(tid) == os.sched_getaffinity(0) - {state.cpu}
+    for tid, own in zip(state.ids, state.masks):
+        assert os.sched_getaffinity(tid) == own - {state.cpu}
 
 
 @needs_steering
-def test_the_switch_turns_steering_off(pool_of_two, monkeypatch):
+def test_turning_steering_off_gives_the_workers_their_own_affinity_back(pool_of_two, monkeypatch):
     affinity.steer_workers()
-    for tid in affinity._workers.ids:
-        os.sched_setaffinity(tid, os.sched_getaffinity(0))
-    affinity._workers.cpu = -1
-    monkeypatch.setenv(affinity.ENV_SWITCH, "0")
+    state = affinity._workers
+    assert [os.sched_getaffinity(tid) for tid in state.ids] == [own - {state.cpu} for own in state.masks]
+    monkeypatch.setattr(affinity, "ENABLED", False)
     affinity.steer_workers()
-    assert not affinity.enabled()
-    for tid in affinity._workers.ids:
-        assert os.sched_getaffinity(tid) == os.sched_getaffinity(0)
+    assert not affinity.enabled() and not affinity.steering()
+    assert [os.sched_getaffinity(tid) for tid in state.ids] == list(state.masks)
+
+
+@needs_steering
+def test_a_worker_bound_to_one_cpu_keeps_it(pool_of_two):
+    """A worker whose own affinity is one CPU (as OMP_PROC_BIND binds it) is never moved, whichever CPU the caller
+    runs on."""
+    assert affinity.steering()
+    state = affinity._workers
+    bound = {min(os.sched_getaffinity(0))}
+    os.sched_setaffinity(state.ids[0], bound)
+    state.threads = 0  # read the ids and their affinities again
+    for _ in range(3):
+        state.cpu = -1
+        affinity.steer_workers()
+        assert os.sched_getaffinity(state.ids[0]) == bound
+    state.masks = (frozenset(os.sched_getaffinity(0)),)  # (the fixture restores this)
+
+
+@needs_steering
+def test_ids_of_workers_gone_are_read_again(pool_of_two):
+    assert affinity.steering()
+    state = affinity._workers
+    real = state.ids
+    state.ids, state.masks, state.cpu = (2**31 - 1,), (frozenset({0}),), -1  # no such thread
+    affinity.steer_workers()
+    assert state.ids == real
 
 
 def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
@@ -78,7 +105,6 @@ def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     with threads.serial_if_small(multiply_adds=1):
         pass
     assert calls == ["blas", "pool"]
-
 
 
 @needs_steering

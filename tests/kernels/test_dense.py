@@ -8,7 +8,7 @@ from kernels import dense
 from kernels._common import zmm
 from kernels.dense import GEMV_ROWS, matmul_nt
 
-from tests.helpers import numba_threads
+from tests.helpers import assert_close, numba_threads
 
 ROW_PATHS = [pytest.param(dense._rows_loop, id="loop"),
              pytest.param(dense._rows_zmm, id="zmm", marks=pytest.mark.skipif(
@@ -74,24 +74,27 @@ def test_batched_matmul_writes_into_the_array_given(rng, transpose_b):
             batched_matmul(a, b, transpose_b=transpose_b, out=bad)
 
 
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("transpose_b", [False, True])
-@pytest.mark.parametrize("g, m, n, k", [(1, 1, 1, 1), (1, 5, 300, 7), (1, 300, 5, 7), (1, 17, 40, 3),
-                                        (2, 33, 100, 9), (5, 2, 3, 4), (3, 64, 64, 65), (1, 256, 1536, 40)])
-def test_batched_matmul_equals_the_float64_product(rng, threads, transpose_b, g, m, n, k):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("g, m, n, k", [(1, 1, 1, 1), (1, 5, 300, 7), (1, 300, 5, 7), (1, 17, 40, 3), (1, 15, 16, 5),
+                                        (2, 33, 100, 9), (5, 2, 3, 4), (3, 64, 64, 65), (9, 20, 70, 8),
+                                        (1, 256, 1536, 40)])
+def test_batched_matmul_equals_the_float64_product(rng, threads, transpose_b, dtype, g, m, n, k):
     """Every block of every matrix computed once, whichever side is split (columns when M < N for a · bᵀ, rows
-    otherwise) and however many threads claim the blocks, widths that do not divide the side included."""
+    otherwise) and however many threads claim the blocks: widths that do not divide the side, one block per matrix
+    (G above the tasks wanted), fewer column blocks than threads."""
     from kernels._common.blas import batched_matmul
 
-    a = rng.standard_normal((g, m, k)).astype(np.float32)
-    b = rng.standard_normal((g, n, k) if transpose_b else (g, k, n)).astype(np.float32)
+    a = rng.standard_normal((g, m, k)).astype(dtype)
+    b = rng.standard_normal((g, n, k) if transpose_b else (g, k, n)).astype(dtype)
     b_kn = np.swapaxes(b, 1, 2) if transpose_b else b  # (g, k, n)
     with numba_threads(threads):
         y = batched_matmul(a, b, transpose_b=transpose_b)
-    ref = a.astype(np.float64) @ b_kn.astype(np.float64)
-    bound = k * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b_kn).astype(np.float64))
-    assert y.shape == (g, m, n) and np.all(np.abs(y - ref) <= bound + 1e-30)
+    ref = a.astype(np.float64) @ b_kn.astype(np.float64)  # (g, m, n)
+    assert y.dtype == dtype
+    assert_close(y, ref, dtype, scale=np.abs(ref).max())
+
 
 GUARDED_READ = """
 import ctypes, mmap, sys
