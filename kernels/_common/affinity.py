@@ -32,8 +32,9 @@ import os
 import sys
 import threading
 
-from llvmlite import ir
 import numba
+import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.errors import NumbaError
@@ -98,20 +99,23 @@ def _pool_size() -> int:
 
 
 class _Workers(threading.local):
-    pid = 0  # the process the ids were read in: a forked child has none of its parent's workers, and setting
-    # the affinity of a thread id outside the process would move another process's thread
-    threads = 0  # the pool size the ids were read for
-    ids: tuple = ()  # the workers' thread ids; empty when they could not all be told apart (steering off)
-    masks: tuple = ()  # each worker's own affinity when its id was read: what a steer narrows and a restore sets
-    cpu = -1  # the caller's CPU the affinities were last narrowed for; -1 while the workers hold their own
+    """What steering knows of the calling thread's workers (``threading.local`` runs __init__ in each thread)."""
+
+    def __init__(self):
+        self.pid = 0  # the process the ids were read in: a forked child has none of its parent's workers, and
+        # setting the affinity of a thread id outside the process would move another process's thread
+        self.threads = 0  # the pool size the ids were read for
+        self.ids = ()  # the workers' thread ids; empty when they could not all be told apart (steering off)
+        self.own = {}  # thread id -> its affinity when first read in this process (a worker that outlives a resize
+        # of its pool is read again narrowed: its own affinity is the one first read)
+        self.masks = ()  # the workers' own affinities, in the order of ids: what a steer narrows, a restore sets
+        self.cpu = -1  # the caller's CPU the affinities were last narrowed for; -1 while the workers hold their own
 
 
 _workers = _Workers()
 
 
 def _read_ids(threads):
-    import numpy as np
-
     own = threading.get_native_id()
     seen: set[int] = set()
     for _ in range(DISCOVERY_TRIES):
@@ -125,10 +129,15 @@ def _read_ids(threads):
 
 def _read(state, threads):
     """Read this thread's workers (ids and own affinities) for a pool of ``threads``."""
+    if state.pid != os.getpid():
+        state.own = {}
     state.pid, state.threads, state.cpu = os.getpid(), threads, -1
     try:
         state.ids = _read_ids(threads)
-        state.masks = tuple(frozenset(os.sched_getaffinity(tid)) for tid in state.ids)
+        for tid in state.ids:
+            if tid not in state.own:
+                state.own[tid] = frozenset(os.sched_getaffinity(tid))
+        state.masks = tuple(state.own[tid] for tid in state.ids)
     except (OSError, RuntimeError, NumbaError):  # not readable here (the region did not compile, a thread
         state.ids, state.masks = (), ()  # refused): steering off for this thread, never a failed kernel call
 

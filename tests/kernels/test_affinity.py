@@ -107,6 +107,22 @@ def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     assert calls == ["blas", "pool"]
 
 
+
+@needs_steering
+def test_a_worker_read_again_after_a_steer_keeps_its_own_affinity(pool_of_two):
+    """Ids read again (a pool resized) find the workers narrowed; their own affinities stay the ones first read, so
+    that a caller that moves to another CPU is left out of the worker's whole own set, not of the narrowed one."""
+    affinity.steer_workers()
+    state = affinity._workers
+    own = state.masks
+    assert [os.sched_getaffinity(tid) for tid in state.ids] == [m - {state.cpu} for m in own]
+    state.threads = 0
+    affinity.steer_workers()
+    assert state.masks == own
+    for cpu in sorted(os.sched_getaffinity(0)):  # as if the caller had moved to each CPU in turn
+        assert affinity._set(state, [affinity.worker_mask(m, cpu, len(state.ids)) for m in state.masks])
+        assert [os.sched_getaffinity(tid) for tid in state.ids] == [m - {cpu} for m in own]
+
 @needs_steering
 def test_ids_read_in_another_process_are_read_again(pool_of_two):
     """Ids from before a fork name the parent's threads: another pid's are never used."""
