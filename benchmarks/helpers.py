@@ -6,6 +6,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PEER_PROBE = Path(__file__).with_name("peer_probe.py")
@@ -31,6 +32,21 @@ def beside_reads(run, read_buffer, rounds, also=None):
             others.append(also())
     return rates, reads, others
 
+
+
+def sustained_read(read_buffer, n_bytes):
+    """Bytes/s of reading ``read_buffer`` on all cores pass after pass until about ``n_bytes`` are read
+    (``simulator.calibrate.read_once``): the read over a window as long as the workload it is set against. The
+    best of five single passes (``read_bandwidth_of``, ~10 ms each) catches a shared host's bursts: on the 2-vCPU
+    AMD EPYC (KVM), beside 20 SmolLM2 decode rounds of ~250 ms, the best single pass ranged 24-38 GB/s and the
+    ~250 ms read 23-34."""
+    from simulator.calibrate import read_once
+
+    passes = max(1, round(n_bytes / read_buffer.nbytes))
+    start = time.perf_counter()
+    for _ in range(passes):
+        read_once(read_buffer)
+    return passes * read_buffer.nbytes / (time.perf_counter() - start)
 
 def alternate_in_fresh_processes(workloads, *, pairs=3, repeats=5):
     """Median seconds of each workload, each timed in ``pairs`` fresh processes taken in turn (A B A B ...), so

@@ -4,7 +4,7 @@ Every public kernel at a small and a large size, called ``--rounds`` times inter
 where torch is importable, torch calls, as user code mixes them; each call's wall time is recorded. With
 ``--decode``, SmolLM2's decode rate is measured first (fresh process) and again after the interleaved rounds.
 Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_tokens_per_s": {...}, "decode_rounds": {...: [rates,
-reads]}, "weight_bytes_per_token": ..., "pool": ...}.
+best single reads, sustained reads]}, "weight_bytes_per_token": ..., "pool": ...}.
 
     python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode] [--no-torch]
 """
@@ -73,6 +73,7 @@ def _decode_rate(model, prompt, tokens):
     return len(out) / timings["decode_s"]
 
 
+DECODE_TOKENS = 48  # tokens of a decode round
 DECODE_ROUNDS = 7  # decode runs, each followed by an all-core read of a DRAM-sized buffer: ~0.4 s a round. With
 # three, the best rate after the kernels was 178.0, 199.5 and 224.4 tokens/s in three runs on the 2-vCPU AMD EPYC
 # (KVM), whose memory speed moves within minutes: more than the drift the benchmark looks for
@@ -100,7 +101,7 @@ def main(argv=None):
 
     result = {"pool": kernels.pool_info(), "torch": use_torch, "decode_tokens_per_s": {}}
     if args.decode:
-        from helpers import beside_reads
+        from helpers import beside_reads, sustained_read
         from models.smollm2 import SmolLM2
         from simulator.calibrate import dram_test_bytes, filled
 
@@ -109,8 +110,11 @@ def main(argv=None):
         model.generate(prompt, 4)  # compile
         read_buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
 
-        def decode_rounds():  # the rates, each beside a read of its own moment (helpers.beside_reads)
-            return beside_reads(lambda: _decode_rate(model, prompt, 48), read_buffer, DECODE_ROUNDS)[:2]
+        round_bytes = DECODE_TOKENS * model.weight_bytes_per_token()
+
+        def decode_rounds():  # the rates, each beside two reads of its own moment (helpers.beside_reads)
+            return beside_reads(lambda: _decode_rate(model, prompt, DECODE_TOKENS), read_buffer, DECODE_ROUNDS,
+                                lambda: sustained_read(read_buffer, round_bytes))
 
         result["weight_bytes_per_token"] = model.weight_bytes_per_token()
         result["decode_rounds"] = {"fresh": decode_rounds()}
