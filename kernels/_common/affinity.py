@@ -7,23 +7,32 @@ load balancer moved it, milliseconds later: the region ran on one core. The like
 an idle CPU where it finds one (``select_idle_sibling``, kernel/sched/fair.c), and does not count as idle a vCPU
 that the host reports preempted (``available_idle_cpu`` asks ``vcpu_is_preempted``).
 
+Only after a quiet pause: where other threads of the process ran since the last region (another pool's threads,
+which may still spin on the other CPUs: NumPy's OpenBLAS for ~0.1 s after a call), a worker held to those CPUs
+waits for them, up to a time slice, where the scheduler would have placed it elsewhere. Narrowed before every region
+of the stall benchmark (``benchmarks/test_bench_stalls.py``: ioaware's calls between NumPy's and torch's),
+``Int8Linear``'s GEMV at 4096² met stalls of 6-7 ms; so the workers get their own affinities back whenever the other
+threads used more than QUIET_SHARE of a core per worker since the last region (``_others_busy``).
+
 Measured on a 2-vCPU AMD EPYC (Zen 4, KVM). A parallel loop of two 1.1 ms iterations after 100 ms sleeps
 (medians of 20): the worker started 1.15 ms late, on the caller's vCPU, and the loop took 2.26 ms; with the caller
-and the worker pinned to one vCPU each, 0.12 ms late and 1.26 ms. With ``steer_workers`` (each call 50 ms after the
-last, medians of 25, off -> on): flash attention N = 1024 causal 17.0 -> 11.3 ms, a prefill's linear
-(256, 576) · (576, 1536) 6.4 -> 3.8, ``int8_matmul`` 128 × 1024² 4.4 -> 3.5 (back to back: 11.4, 3.4, 2.7 ms).
+and the worker pinned to one vCPU each, 0.12 ms late and 1.26 ms. Each call 50 ms after the last, medians of 25,
+off -> on: flash attention N = 1024 causal 17.5 -> 10.9 ms, a prefill's linear (256, 576) · (576, 1536) 5.7 ->
+3.5, ``snapkv_compress`` N = 4096 10.9 -> 9.1, ``int8_matmul`` 128 × 1024² 3.7 -> 3.5 (back to back, off: 8.7,
+2.8, 7.7, 2.5 ms). The stall benchmark's calls, two runs each way: ``Int8Linear`` 4096² medians 0.70 and 0.78 ms
+on, 0.86 and 0.69 off, its slowest call 0.9 and 1.0 ms on, 3.5 and 4.6 off.
 
 How: the workers' thread ids are read once per calling thread and pool size, by a parallel region whose every
 iteration asks ``gettid()`` (GNU OpenMP keeps one pool of workers per thread that launches regions), with each
-worker's own affinity. Before a region, ``steer_workers`` compares the caller's CPU (``sched_getcpu()``) with the
-one it saw last; when it moved, each worker's affinity becomes its own less that CPU (``sched_setaffinity``, one
-system call per worker). A worker keeps its own affinity where that would leave fewer CPUs than there are workers
-(more threads than cores: the scheduler shares the cores better than a fixed set would) or would not change it
-(threads bound by ``OMP_PROC_BIND``). The affinities stay set between calls (a region of the user's own Numba
-code on the same thread runs with them too). ``IOAWARE_STEER_WORKERS=0`` when kernels is imported turns it off, as
-does ``ENABLED = False`` later (the workers get their own affinities back at the next call); outside Linux, or
-where the C library has no ``gettid`` (glibc before 2.30), it is off. ``kernels.pool_info()["steer_workers"]``
-says whether it is on for the calling thread.
+worker's own affinity. Before a region that follows a quiet pause, ``steer_workers`` compares the caller's CPU
+(``sched_getcpu()``) with the one it saw last; when it moved, each worker's affinity becomes its own less that CPU
+(``sched_setaffinity``, one system call per worker). A worker keeps its own affinity where that would leave fewer
+CPUs than there are workers (more threads than cores: the scheduler shares the cores better than a fixed set
+would) or would not change it (threads bound by ``OMP_PROC_BIND``). The affinities stay set until a region after
+busy threads (a region of the user's own Numba code on the same thread runs with them too).
+``IOAWARE_STEER_WORKERS=0`` when kernels is imported turns it off, as does ``ENABLED = False`` later (the workers
+get their own affinities back at the next call); outside Linux, or where the C library has no ``gettid`` (glibc
+before 2.30), it is off. ``kernels.pool_info()["steer_workers"]`` says whether it is on for the calling thread.
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 import numba
 import numpy as np
@@ -42,6 +52,11 @@ from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _parallel
 
 ENV_SWITCH = "IOAWARE_STEER_WORKERS"
+QUIET_SHARE = 0.25  # the other threads' CPU time since the last region, per worker and second, below which the
+# process was quiet: its other vCPUs idle (where a guest kernel may count them preempted). Above it another pool's
+# threads ran and may be spinning still on the other CPUs, where a narrowed worker would wait for them
+QUIET_GAP_S = 0.002  # a region within this of the last one finds its workers just run: placed where they ran
+# (on the 2-vCPU AMD EPYC, a worker woken 1 ms after its last region started on time; after 5 ms it was late)
 DISCOVERY_TRIES = 20  # regions run to see every worker at least once (each takes one iteration of a static split)
 
 
@@ -110,6 +125,10 @@ class _Workers(threading.local):
         # of its pool is read again narrowed: its own affinity is the one first read)
         self.masks = ()  # the workers' own affinities, in the order of ids: what a steer narrows, a restore sets
         self.cpu = -1  # the caller's CPU the affinities were last narrowed for; -1 while the workers hold their own
+        self.wall = 0.0  # perf_counter at the last region's start
+        self.clock_wall = 0.0  # perf_counter when the CPU clocks were last read (0: never)
+        self.others = 0.0  # the CPU seconds of the process's other threads then
+        self.busy = True  # the last answer of ``_others_busy`` (busy before the clocks were first read)
 
 
 _workers = _Workers()
@@ -170,6 +189,22 @@ def _set(state, masks) -> bool:
     return True
 
 
+def _others_busy(state, threads) -> bool:
+    """Whether the workers should be left where the scheduler puts them for this region: the process's other
+    threads (its workers, other pools') used more than QUIET_SHARE of a core per worker since the clocks were last
+    read. Within QUIET_GAP_S of the last call (the same kernel call's next region, or one right after it) the
+    answer is the last one's."""
+    wall = time.perf_counter()
+    gap, state.wall = wall - state.wall, wall
+    if gap < QUIET_GAP_S:
+        return state.busy
+    others = time.process_time() - time.thread_time()  # ~0.9 us each (system calls): read after a gap only
+    state.busy = (state.clock_wall == 0.0
+                  or others - state.others > QUIET_SHARE * (threads - 1) * (wall - state.clock_wall))
+    state.clock_wall, state.others = wall, others
+    return state.busy
+
+
 def steering() -> bool:
     """Whether ``steer_workers`` narrows the affinity of this thread's workers (their ids read now if not yet)."""
     if not enabled():
@@ -182,9 +217,9 @@ def steering() -> bool:
 
 
 def steer_workers() -> None:
-    """Keep Numba's workers off this thread's CPU for the region about to run (see the module docstring): about
-    0.7 us when this thread has not moved since the last call, ~10 us with the system calls when it has. When
-    steering has been turned off since the last call, the workers get their own affinities back."""
+    """Keep Numba's workers off this thread's CPU for the region about to run where it follows a quiet pause, or
+    give them their own affinities back where other threads ran (see the module docstring): about 1.3 us back to
+    back; after a pause, two CPU clocks (~2 us) and where the affinities change one system call per worker."""
     if not SUPPORTED:
         return
     state = _workers
@@ -197,6 +232,10 @@ def steer_workers() -> None:
         return
     if state.threads != threads:
         _read(state, threads)
+    if _others_busy(state, threads):  # other threads ran since the last region: the scheduler places the workers
+        if state.cpu != -1 and _set(state, state.masks):
+            state.cpu = -1
+        return
     cpu = _sched_getcpu()
     if not state.ids or cpu == state.cpu or cpu < 0:
         return

@@ -1,9 +1,10 @@
-"""kernels._common.affinity: Numba's workers kept off the calling thread's CPU before a parallel region, and the
-launchers that steer them."""
+"""kernels._common.affinity: Numba's workers kept off the calling thread's CPU before a parallel region that
+follows a quiet pause, left to the scheduler after other threads ran, and the launchers that steer them."""
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numba
 import numpy as np
@@ -18,6 +19,18 @@ needs_steering = pytest.mark.skipif(not affinity.SUPPORTED or len(os.sched_getaf
                                     reason="needs Linux with gettid (glibc >= 2.30), two CPUs and a pool of two")
 
 
+SETTLE_S = 0.3  # other pools' threads of this process (NumPy's OpenBLAS spins ~0.1 s after a call) at rest first
+PAUSE_S = 0.05  # past QUIET_GAP_S
+
+
+def _steer_after_a_quiet_pause():
+    """steer_workers after a pause in which no other thread of the process ran: the workers narrowed."""
+    time.sleep(SETTLE_S)
+    affinity.steer_workers()  # the clocks read
+    time.sleep(PAUSE_S)
+    affinity.steer_workers()
+
+
 @pytest.fixture
 def pool_of_two(monkeypatch):
     monkeypatch.setattr(affinity, "ENABLED", True)
@@ -25,9 +38,9 @@ def pool_of_two(monkeypatch):
         affinity._workers.cpu = -1  # set the masks again at the next steer
         yield
     state = affinity._workers
-    for tid, own in zip(state.ids, state.masks):  # the workers back on their own CPUs
-        os.sched_setaffinity(tid, own)
-    state.cpu = -1
+    for tid in state.ids:  # the workers back on every CPU of the process, and the state read afresh
+        os.sched_setaffinity(tid, os.sched_getaffinity(0))
+    state.__init__()
 
 
 @pytest.mark.parametrize("own, cpu, n_workers, mask", [
@@ -48,7 +61,7 @@ def test_the_worker_ids_are_the_pools_other_threads(pool_of_two):
 
 @needs_steering
 def test_steering_takes_the_callers_cpu_out_of_each_workers_affinity(pool_of_two):
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     state = affinity._workers
     assert state.ids and state.cpu in os.sched_getaffinity(0)
     for tid, own in zip(state.ids, state.masks):
@@ -57,11 +70,11 @@ def test_steering_takes_the_callers_cpu_out_of_each_workers_affinity(pool_of_two
 
 @needs_steering
 def test_turning_steering_off_gives_the_workers_their_own_affinity_back(pool_of_two, monkeypatch):
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     state = affinity._workers
     assert [os.sched_getaffinity(tid) for tid in state.ids] == [own - {state.cpu} for own in state.masks]
     monkeypatch.setattr(affinity, "ENABLED", False)
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     assert not affinity.enabled() and not affinity.steering()
     assert [os.sched_getaffinity(tid) for tid in state.ids] == list(state.masks)
 
@@ -74,12 +87,11 @@ def test_a_worker_bound_to_one_cpu_keeps_it(pool_of_two):
     state = affinity._workers
     bound = {min(os.sched_getaffinity(0))}
     os.sched_setaffinity(state.ids[0], bound)
-    state.threads = 0  # read the ids and their affinities again
+    state.threads, state.own = 0, {}  # read the ids and their affinities afresh, as first seen
     for _ in range(3):
         state.cpu = -1
-        affinity.steer_workers()
+        _steer_after_a_quiet_pause()
         assert os.sched_getaffinity(state.ids[0]) == bound
-    state.masks = (frozenset(os.sched_getaffinity(0)),)  # (the fixture restores this)
 
 
 @needs_steering
@@ -88,9 +100,40 @@ def test_ids_of_workers_gone_are_read_again(pool_of_two):
     state = affinity._workers
     real = state.ids
     state.ids, state.masks, state.cpu = (2**31 - 1,), (frozenset({0}),), -1  # no such thread
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     assert state.ids == real
 
+
+
+@needs_steering
+def test_after_other_threads_ran_the_workers_are_left_to_the_scheduler(pool_of_two):
+    """Another thread busy through the pause (as another pool's spinning threads are): the workers get their own
+    affinities back, so that they may run wherever a core frees first."""
+    _steer_after_a_quiet_pause()
+    state = affinity._workers
+    assert state.cpu != -1
+    stop = time.perf_counter() + 2 * PAUSE_S
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    spinner.join()
+    affinity.steer_workers()
+    assert state.busy and state.cpu == -1
+    assert [os.sched_getaffinity(tid) for tid in state.ids] == list(state.masks)
+
+
+@needs_steering
+def test_a_region_right_after_the_last_keeps_its_placement(pool_of_two):
+    """Within QUIET_GAP_S (the same kernel call's next region) the last answer holds, whatever ran in between."""
+    _steer_after_a_quiet_pause()
+    state = affinity._workers
+    narrowed = [os.sched_getaffinity(tid) for tid in state.ids]
+    affinity.steer_workers()
+    assert not state.busy and [os.sched_getaffinity(tid) for tid in state.ids] == narrowed
 
 def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     """batched_matmul (through single_threaded_blas) and a call that serial_if_small leaves on the pool steer; a
@@ -112,12 +155,12 @@ def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
 def test_a_worker_read_again_after_a_steer_keeps_its_own_affinity(pool_of_two):
     """Ids read again (a pool resized) find the workers narrowed; their own affinities stay the ones first read, so
     that a caller that moves to another CPU is left out of the worker's whole own set, not of the narrowed one."""
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     state = affinity._workers
     own = state.masks
     assert [os.sched_getaffinity(tid) for tid in state.ids] == [m - {state.cpu} for m in own]
     state.threads = 0
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     assert state.masks == own
     for cpu in sorted(os.sched_getaffinity(0)):  # as if the caller had moved to each CPU in turn
         assert affinity._set(state, [affinity.worker_mask(m, cpu, len(state.ids)) for m in state.masks])
@@ -126,8 +169,8 @@ def test_a_worker_read_again_after_a_steer_keeps_its_own_affinity(pool_of_two):
 @needs_steering
 def test_ids_read_in_another_process_are_read_again(pool_of_two):
     """Ids from before a fork name the parent's threads: another pid's are never used."""
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     real = affinity._workers.ids
     affinity._workers.pid, affinity._workers.ids, affinity._workers.cpu = -1, (2**31 - 1,), -1
-    affinity.steer_workers()
+    _steer_after_a_quiet_pause()
     assert affinity._workers.ids == real and affinity._workers.pid == os.getpid()
