@@ -7,29 +7,31 @@ load balancer moved it, milliseconds later: the region ran on one core. The like
 an idle CPU where it finds one (``select_idle_sibling``, kernel/sched/fair.c), and does not count as idle a vCPU
 that the host reports preempted (``available_idle_cpu`` asks ``vcpu_is_preempted``).
 
-Only after a quiet pause: where other threads of the process ran since the last region (another pool's threads,
-which may still spin on the other CPUs: NumPy's OpenBLAS for ~0.1 s after a call), a worker held to those CPUs
-waits for them, up to a time slice, where the scheduler would have placed it elsewhere. Narrowed before every region
-of the stall benchmark (``benchmarks/test_bench_stalls.py``: ioaware's calls between NumPy's and torch's),
-``Int8Linear``'s GEMV at 4096² met stalls of 6-7 ms; so the workers get their own affinities back whenever the other
-threads used more than QUIET_SHARE of a core per worker since the last region (``_others_busy``).
+Only while the process's other threads are quiet: where threads other than the caller and its workers ran since
+the clocks were last read (another pool's, which may still spin on the other CPUs: NumPy's OpenBLAS for ~0.1 s
+after a call), a worker held to those CPUs waits for them, up to a time slice, where the scheduler would have placed
+it elsewhere. Narrowed before every region of the stall benchmark (``benchmarks/test_bench_stalls.py``: ioaware's
+calls between NumPy's and torch's), ``Int8Linear``'s GEMV at 4096² met stalls of 6-7 ms; so the workers get their
+own affinities back whenever those threads used more than QUIET_SHARE of a core per worker (``_others_busy``: the
+process's CPU clock less this thread's and each worker's).
 
 Measured on a 2-vCPU AMD EPYC (Zen 4, KVM). A parallel loop of two 1.1 ms iterations after 100 ms sleeps
 (medians of 20): the worker started 1.15 ms late, on the caller's vCPU, and the loop took 2.26 ms; with the caller
 and the worker pinned to one vCPU each, 0.12 ms late and 1.26 ms. Each call 50 ms after the last, medians of 25,
-off -> on: flash attention N = 1024 causal 17.5 -> 10.9 ms, a prefill's linear (256, 576) · (576, 1536) 5.7 ->
-3.5, ``snapkv_compress`` N = 4096 10.9 -> 9.1, ``int8_matmul`` 128 × 1024² 3.7 -> 3.5 (back to back, off: 8.7,
-2.8, 7.7, 2.5 ms). The stall benchmark's calls, two runs each way: ``Int8Linear`` 4096² medians 0.70 and 0.78 ms
-on, 0.86 and 0.69 off, its slowest call 0.9 and 1.0 ms on, 3.5 and 4.6 off.
+off -> on: flash attention N = 1024 causal 14.3 -> 11.8 ms, a prefill's linear (256, 576) · (576, 1536) 6.6 ->
+3.8, ``snapkv_compress`` N = 4096 14.0 -> 10.9, ``int8_matmul`` 128 × 1024² 4.4 -> 3.8 (back to back, off: 14.2,
+3.4, 11.8, 3.0 ms; a slow phase of the machine). The stall benchmark, two runs each way (on / off): ioaware's worst
+p90/median 1.35 and 1.45 / 1.68 and 1.62, the dense prefill's 1.11 and 1.06 / 1.65 and 1.62, ``Int8Linear`` 4096²'s
+slowest call 1.0 and 1.5 / 1.6 and 1.0 ms; SmolLM2's decode after the kernels 230 and 229 / 195 and 228 tokens/s.
 
 How: the workers' thread ids are read once per calling thread and pool size, by a parallel region whose every
 iteration asks ``gettid()`` (GNU OpenMP keeps one pool of workers per thread that launches regions), with each
-worker's own affinity. Before a region that follows a quiet pause, ``steer_workers`` compares the caller's CPU
+worker's own affinity. Before a region, while the other threads are quiet, ``steer_workers`` compares the caller's CPU
 (``sched_getcpu()``) with the one it saw last; when it moved, each worker's affinity becomes its own less that CPU
 (``sched_setaffinity``, one system call per worker). A worker keeps its own affinity where that would leave fewer
 CPUs than there are workers (more threads than cores: the scheduler shares the cores better than a fixed set
-would) or would not change it (threads bound by ``OMP_PROC_BIND``). The affinities stay set until a region after
-busy threads (a region of the user's own Numba code on the same thread runs with them too).
+would) or would not change it (threads bound by ``OMP_PROC_BIND``). The affinities stay set until a region that
+finds other threads busy (a region of the user's own Numba code on the same thread runs with them too).
 ``IOAWARE_STEER_WORKERS=0`` when kernels is imported turns it off, as does ``ENABLED = False`` later (the workers
 get their own affinities back at the next call); outside Linux, or where the C library has no ``gettid`` (glibc
 before 2.30), it is off. ``kernels.pool_info()["steer_workers"]`` says whether it is on for the calling thread.
@@ -52,9 +54,11 @@ from numba.extending import intrinsic
 from numba.np.ufunc import parallel as _parallel
 
 ENV_SWITCH = "IOAWARE_STEER_WORKERS"
-QUIET_SHARE = 0.25  # the other threads' CPU time since the last region, per worker and second, below which the
-# process was quiet: its other vCPUs idle (where a guest kernel may count them preempted). Above it another pool's
-# threads ran and may be spinning still on the other CPUs, where a narrowed worker would wait for them
+QUIET_SHARE = 0.25  # the CPU time of the process's other threads (not the caller, not its workers) per worker and
+# second of wall time, below which the process was quiet: its other vCPUs idle (where a guest kernel may count them
+# preempted). A spinning pool uses a whole core per thread, far above; a quarter leaves room for short bursts of
+# other threads (Python's, a logger's) without calling the process busy
+ANSWER_AGE_S = 0.05  # the longest a string of calls less than QUIET_GAP_S apart reuses an answer
 QUIET_GAP_S = 0.002  # a region within this of the last one finds its workers just run: placed where they ran
 # (on the 2-vCPU AMD EPYC, a worker woken 1 ms after its last region started on time; after 5 ms it was late)
 DISCOVERY_TRIES = 20  # regions run to see every worker at least once (each takes one iteration of a static split)
@@ -147,9 +151,12 @@ def _read_ids(threads):
 
 
 def _read(state, threads):
-    """Read this thread's workers (ids and own affinities) for a pool of ``threads``."""
+    """Read this thread's workers (ids and own affinities) for a pool of ``threads``; workers left narrowed by the
+    last steer get their own affinities back first (a pool resized since keeps the workers it had)."""
     if state.pid != os.getpid():
-        state.own = {}
+        state.own, state.cpu = {}, -1  # a forked child: its parent's workers are not its own
+    if state.cpu != -1:
+        _set(state, state.masks)
     state.pid, state.threads, state.cpu = os.getpid(), threads, -1
     try:
         state.ids = _read_ids(threads)
@@ -159,6 +166,7 @@ def _read(state, threads):
         state.masks = tuple(state.own[tid] for tid in state.ids)
     except (OSError, RuntimeError, NumbaError):  # not readable here (the region did not compile, a thread
         state.ids, state.masks = (), ()  # refused): steering off for this thread, never a failed kernel call
+    state.clock_wall, state.others = time.perf_counter(), _others_cpu_s(state)  # the discovery's regions left out
 
 
 def _alive(ids) -> bool:
@@ -175,38 +183,53 @@ def worker_mask(own: set, cpu: int, n_workers: int) -> set:
 
 
 def _set(state, masks) -> bool:
-    """Set each worker's affinity; False when a worker is gone (ids to read again) or may not be set (steering
-    off for this thread)."""
-    try:
-        for tid, mask in zip(state.ids, masks):
+    """Set each worker's affinity; False when a worker is gone (the others still set; ids to read again) or may
+    not be set (steering off for this thread)."""
+    gone = False
+    for tid, mask in zip(state.ids, masks):
+        try:
             os.sched_setaffinity(tid, mask)
-    except ProcessLookupError:
+        except ProcessLookupError:
+            gone = True
+        except OSError:
+            state.ids, state.masks = (), ()
+            return False
+    if gone:
         state.threads = 0
-        return False
-    except OSError:
-        state.ids, state.masks = (), ()
-        return False
-    return True
+    return not gone
+
+
+def _others_cpu_s(state) -> float:
+    """CPU seconds of the process's threads other than this one and its workers (each thread's own CPU clock,
+    ``clock_gettime`` of its thread id: Linux's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), include/linux/posix-timers.h;
+    ~0.7-0.9 us each, system calls)."""
+    own = time.process_time() - time.thread_time()
+    for tid in state.ids:
+        try:
+            own -= time.clock_gettime((~tid << 3) | 6)
+        except (OSError, OverflowError):  # gone since (its time is no longer in the process's either), or no id
+            pass
+    return own
 
 
 def _others_busy(state, threads) -> bool:
     """Whether the workers should be left where the scheduler puts them for this region: the process's other
-    threads (its workers, other pools') used more than QUIET_SHARE of a core per worker since the clocks were last
-    read. Within QUIET_GAP_S of the last call (the same kernel call's next region, or one right after it) the
-    answer is the last one's."""
+    threads (other pools'; not this thread, not its workers) used more than QUIET_SHARE of a core per worker since
+    the clocks were last read. Within QUIET_GAP_S of the last call (the same kernel call's next region, or one
+    right after it) the answer is the last one's, for up to ANSWER_AGE_S."""
     wall = time.perf_counter()
     gap, state.wall = wall - state.wall, wall
-    if gap < QUIET_GAP_S:
+    if gap < QUIET_GAP_S and wall - state.clock_wall < ANSWER_AGE_S:
         return state.busy
-    others = time.process_time() - time.thread_time()  # ~0.9 us each (system calls): read after a gap only
-    state.busy = (state.clock_wall == 0.0
-                  or others - state.others > QUIET_SHARE * (threads - 1) * (wall - state.clock_wall))
+    others = _others_cpu_s(state)
+    state.busy = others - state.others > QUIET_SHARE * (threads - 1) * (wall - state.clock_wall)
     state.clock_wall, state.others = wall, others
     return state.busy
 
 
 def steering() -> bool:
-    """Whether ``steer_workers`` narrows the affinity of this thread's workers (their ids read now if not yet)."""
+    """Whether ``steer_workers`` may narrow the affinity of this thread's workers (their ids read now if not yet);
+    it does so while the process's other threads are quiet."""
     if not enabled():
         return False
     threads = _pool_size()
@@ -217,9 +240,10 @@ def steering() -> bool:
 
 
 def steer_workers() -> None:
-    """Keep Numba's workers off this thread's CPU for the region about to run where it follows a quiet pause, or
-    give them their own affinities back where other threads ran (see the module docstring): about 1.3 us back to
-    back; after a pause, two CPU clocks (~2 us) and where the affinities change one system call per worker."""
+    """Keep Numba's workers off this thread's CPU for the region about to run while the process's other threads
+    are quiet, or give them their own affinities back where those ran (see the module docstring): about 1.3 us for a
+    call within QUIET_GAP_S of the last; after a longer gap, the CPU clocks (~0.9 us each, one per worker besides
+    two) and, where the affinities change, one system call per worker."""
     if not SUPPORTED:
         return
     state = _workers

@@ -9,8 +9,9 @@ call wakes one pool, and when it returns that pool's threads sleep at once:
   policy: at the end of a parallel region the workers block in the kernel instead of spinning.
 - BLAS called from those threads (SciPy's OpenBLAS, which Numba's ``np.dot`` uses) is limited to one thread for
   the duration of the call, so its own pool never wakes.
-- Before a region, the workers' affinity leaves out the CPU of the thread that launches it (``affinity.py``, Linux):
-  a VM's guest kernel may otherwise wake a sleeping worker on that very CPU, where it waits for the caller.
+- Before a region, while no other pool's threads run, the workers' affinity leaves out the CPU of the thread that
+  launches it (``affinity.py``, Linux): a VM's guest kernel may otherwise wake a sleeping worker on that very CPU,
+  where it waits for the caller.
 
 Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
 default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits

@@ -39,7 +39,10 @@ def pool_of_two(monkeypatch):
         yield
     state = affinity._workers
     for tid in state.ids:  # the workers back on every CPU of the process, and the state read afresh
-        os.sched_setaffinity(tid, os.sched_getaffinity(0))
+        try:
+            os.sched_setaffinity(tid, os.sched_getaffinity(0))
+        except ProcessLookupError:  # (a test's made-up id)
+            pass
     state.__init__()
 
 
@@ -95,14 +98,14 @@ def test_a_worker_bound_to_one_cpu_keeps_it(pool_of_two):
 
 
 @needs_steering
-def test_ids_of_workers_gone_are_read_again(pool_of_two):
+def test_ids_of_workers_gone_are_read_again(pool_of_two, monkeypatch):
+    monkeypatch.setattr(affinity, "_others_busy", lambda state, threads: False)  # (a made-up id has no CPU clock)
     assert affinity.steering()
     state = affinity._workers
     real = state.ids
     state.ids, state.masks, state.cpu = (2**31 - 1,), (frozenset({0}),), -1  # no such thread
     _steer_after_a_quiet_pause()
     assert state.ids == real
-
 
 
 @needs_steering
@@ -126,14 +129,70 @@ def test_after_other_threads_ran_the_workers_are_left_to_the_scheduler(pool_of_t
     assert [os.sched_getaffinity(tid) for tid in state.ids] == list(state.masks)
 
 
-@needs_steering
-def test_a_region_right_after_the_last_keeps_its_placement(pool_of_two):
-    """Within QUIET_GAP_S (the same kernel call's next region) the last answer holds, whatever ran in between."""
-    _steer_after_a_quiet_pause()
-    state = affinity._workers
-    narrowed = [os.sched_getaffinity(tid) for tid in state.ids]
-    affinity.steer_workers()
-    assert not state.busy and [os.sched_getaffinity(tid) for tid in state.ids] == narrowed
+class _Clocks:
+    """Made-up clocks for ``_others_busy``: wall time, and the CPU seconds of the other threads, of this thread and
+    of the workers (the process's time is their sum)."""
+
+    def __init__(self):
+        self.wall, self.others, self.caller, self.workers = 100.0, 0.0, 0.0, 0.0
+
+    def perf_counter(self):
+        return self.wall
+
+    def process_time(self):
+        return self.others + self.caller + self.workers
+
+    def thread_time(self):
+        return self.caller
+
+    def clock_gettime(self, clock):
+        return self.workers
+
+    def step(self, seconds, others=0.0, caller=0.0, workers=0.0):
+        self.wall += seconds
+        self.others += others * seconds
+        self.caller += caller * seconds
+        self.workers += workers * seconds
+
+
+@pytest.fixture
+def clocks(monkeypatch):
+    made_up = _Clocks()
+    monkeypatch.setattr(affinity, "time", made_up)
+    state = affinity._Workers()
+    state.ids = (1,)  # one worker (its clock is made up too)
+    state.clock_wall, state.others = made_up.wall, 0.0
+    state.wall = made_up.wall
+    return made_up, state
+
+
+def test_the_rule_calls_a_pause_quiet_whatever_the_caller_and_its_workers_did(clocks):
+    made_up, state = clocks
+    made_up.step(0.010, caller=1.0, workers=1.0)  # a region of 10 ms: the caller and its worker busy
+    made_up.step(0.005)  # then a pause of 5 ms, shorter than the region
+    assert not affinity._others_busy(state, 2)
+
+
+def test_the_rule_calls_other_threads_busy(clocks):
+    made_up, state = clocks
+    made_up.step(0.050, others=1.0)  # another pool's thread spinning through a pause
+    assert affinity._others_busy(state, 2)
+    made_up.step(0.050, others=0.1)  # a tenth of a core: quiet
+    assert not affinity._others_busy(state, 2)
+
+
+def test_within_the_gap_the_last_answer_holds_for_a_while(clocks):
+    made_up, state = clocks
+    made_up.step(0.050)
+    assert not affinity._others_busy(state, 2)
+    read_at = state.clock_wall
+    made_up.step(affinity.QUIET_GAP_S / 2, others=1.0)  # the same call's next region: the clocks not read
+    assert not affinity._others_busy(state, 2) and state.clock_wall == read_at
+    for _ in range(int(affinity.ANSWER_AGE_S / (affinity.QUIET_GAP_S / 2)) + 1):  # a string of close calls
+        made_up.step(affinity.QUIET_GAP_S / 2, others=1.0)
+        busy = affinity._others_busy(state, 2)
+    assert busy and state.clock_wall > read_at  # read again once the answer is ANSWER_AGE_S old
+
 
 def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     """batched_matmul (through single_threaded_blas) and a call that serial_if_small leaves on the pool steer; a
@@ -148,7 +207,6 @@ def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     with threads.serial_if_small(multiply_adds=1):
         pass
     assert calls == ["blas", "pool"]
-
 
 
 @needs_steering
@@ -166,9 +224,11 @@ def test_a_worker_read_again_after_a_steer_keeps_its_own_affinity(pool_of_two):
         assert affinity._set(state, [affinity.worker_mask(m, cpu, len(state.ids)) for m in state.masks])
         assert [os.sched_getaffinity(tid) for tid in state.ids] == [m - {cpu} for m in own]
 
+
 @needs_steering
-def test_ids_read_in_another_process_are_read_again(pool_of_two):
+def test_ids_read_in_another_process_are_read_again(pool_of_two, monkeypatch):
     """Ids from before a fork name the parent's threads: another pid's are never used."""
+    monkeypatch.setattr(affinity, "_others_busy", lambda state, threads: False)  # (a made-up id has no CPU clock)
     _steer_after_a_quiet_pause()
     real = affinity._workers.ids
     affinity._workers.pid, affinity._workers.ids, affinity._workers.cpu = -1, (2**31 - 1,), -1
