@@ -207,7 +207,7 @@ def _others_cpu_s(state) -> float:
     for tid in state.ids:
         try:
             own -= time.clock_gettime((~tid << 3) | 6)
-        except (OSError, OverflowError):  # gone since (its time is no longer in the process's either), or no id
+        except (OSError, OverflowError):  # gone since (its time stays in the process's: one busy answer), or no id
             pass
     return own
 
