@@ -33,7 +33,6 @@ def beside_reads(run, read_buffer, rounds, also=None):
     return rates, reads, others
 
 
-
 def sustained_read(read_buffer, n_bytes):
     """Bytes/s of reading ``read_buffer`` on all cores pass after pass until about ``n_bytes`` are read
     (``simulator.calibrate.read_once``): the read over a window as long as the workload it is set against. The
@@ -47,6 +46,7 @@ def sustained_read(read_buffer, n_bytes):
     for _ in range(passes):
         read_once(read_buffer)
     return passes * read_buffer.nbytes / (time.perf_counter() - start)
+
 
 def alternate_in_fresh_processes(workloads, *, pairs=3, repeats=5):
     """Median seconds of each workload, each timed in ``pairs`` fresh processes taken in turn (A B A B ...), so

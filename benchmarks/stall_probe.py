@@ -6,7 +6,7 @@ where torch is importable, torch calls, as user code mixes them; each call's wal
 Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_tokens_per_s": {...}, "decode_rounds": {...: [rates,
 best single reads, sustained reads]}, "weight_bytes_per_token": ..., "pool": ...}.
 
-    python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode] [--no-torch]
+    python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode] [--no-torch] [--pause-ms 50]
 """
 from __future__ import annotations
 
@@ -87,6 +87,8 @@ def main(argv=None):
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--torch-first", action="store_true",
                         help="import torch before kernels (its OpenMP runtime is then the one Numba uses)")
+    parser.add_argument("--pause-ms", type=float, default=0.0,
+                        help="sleep this long before each call (a program that pauses between calls)")
     args = parser.parse_args(argv)
 
     use_torch = not args.no_torch
@@ -128,6 +130,8 @@ def main(argv=None):
     samples = {name: [] for name in calls}
     for _ in range(args.rounds):
         for name, fn in calls.items():
+            if args.pause_ms:
+                time.sleep(args.pause_ms / 1e3)
             start = time.perf_counter()
             fn()
             samples[name].append(time.perf_counter() - start)

@@ -59,16 +59,45 @@ DECODE_DRIFT = 0.10
 DECODE_OF_BOUND = 0.8
 
 
-def run_probe(option, out_path):
+def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
     env_extra, flags = OPTIONS[option]
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OPENBLAS_THREAD_TIMEOUT",
                         "IOAWARE_STEER_WORKERS")}
     env.update(env_extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, str(PROBE), "--rounds", str(ROUNDS), "--out", str(out_path), "--decode", *flags]
+    cmd = [sys.executable, str(PROBE), "--rounds", str(rounds), "--out", str(out_path), *extra, *flags]
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=900)
     return json.loads(Path(out_path).read_text())
+
+
+PAUSE_MS = 50  # a program that pauses between calls: long enough for both vCPUs to idle (kernels/_common/affinity.py)
+PAUSE_ROUNDS = 15
+PAUSE_PAIRS = 2
+
+
+def test_calls_after_pauses(benchmark, record, tmp_path):
+    """Every call PAUSE_MS after the last, NumPy and torch left out (nothing else runs), the design against
+    ``no-steer`` in fresh processes taken in turn (PAUSE_PAIRS pairs): median per call and the ratio of medians
+    (no-steer / design: how much slower each call runs when the workers are left where the scheduler wakes them)."""
+    extra = ("--no-torch", "--pause-ms", str(PAUSE_MS))
+
+    def pairs():
+        runs = {"ioaware": [], "no-steer": []}
+        for i in range(PAUSE_PAIRS):
+            for option in runs:
+                runs[option].append(run_probe(option, tmp_path / f"{option}-{i}.json", PAUSE_ROUNDS, extra))
+        return runs
+
+    runs = benchmark.pedantic(pairs, rounds=1, iterations=1)
+    for name in runs["ioaware"][0]["samples_s"]:
+        if name.startswith(PEERS):
+            continue
+        median = {option: statistics.median(x for r in rs for x in r["samples_s"][name]) for option, rs in runs.items()}
+        record({"bench": "after-pauses", "call": name.replace(" ", "_"), "pause_ms": PAUSE_MS,
+                "median_ms": f"{median['ioaware'] * 1e3:.3f}", "no_steer_median_ms": f"{median['no-steer'] * 1e3:.3f}",
+                "no_steer/ioaware": f"{median['no-steer'] / median['ioaware']:.2f}",
+                "cpu": f"{cpu_model()} x{os.cpu_count()}"})
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))

@@ -15,14 +15,15 @@ calls between NumPy's and torch's), ``Int8Linear``'s GEMV at 4096² met stalls o
 own affinities back whenever those threads used more than QUIET_SHARE of a core per worker (``_others_busy``: the
 process's CPU clock less this thread's and each worker's).
 
-Measured on a 2-vCPU AMD EPYC (Zen 4, KVM). A parallel loop of two 1.1 ms iterations after 100 ms sleeps
-(medians of 20): the worker started 1.15 ms late, on the caller's vCPU, and the loop took 2.26 ms; with the caller
-and the worker pinned to one vCPU each, 0.12 ms late and 1.26 ms. Each call 50 ms after the last, medians of 25,
-off -> on: flash attention N = 1024 causal 14.3 -> 11.8 ms, a prefill's linear (256, 576) · (576, 1536) 6.6 ->
-3.8, ``snapkv_compress`` N = 4096 14.0 -> 10.9, ``int8_matmul`` 128 × 1024² 4.4 -> 3.8 (back to back, off: 14.2,
-3.4, 11.8, 3.0 ms; a slow phase of the machine). The stall benchmark, two runs each way (on / off): ioaware's worst
-p90/median 1.35 and 1.45 / 1.68 and 1.62, the dense prefill's 1.11 and 1.06 / 1.65 and 1.62, ``Int8Linear`` 4096²'s
-slowest call 1.0 and 1.5 / 1.6 and 1.0 ms; SmolLM2's decode after the kernels 230 and 229 / 195 and 228 tokens/s.
+Measured on a 2-vCPU AMD EPYC (Zen 4, KVM). A parallel loop of two 1.1 ms iterations after 100 ms sleeps (medians of
+20): the worker started 1.15 ms late, on the caller's vCPU, and the loop took 2.26 ms; with the caller and the
+worker pinned to one vCPU each, 0.12 ms late and 1.26 ms. Each call 50 ms after the last
+(``benchmarks/test_bench_stalls.py::test_calls_after_pauses``, two runs), the median off over on: a prefill's linear
+(256, 576) · (576, 1536) 1.55 and 1.69, ``h2o`` N = 1024 1.15 and 1.22, ``snapkv_compress`` N = 4096 1.11 and 1.20,
+``int8_matmul`` 128 × 1024² 1.08 and 1.15, flash N = 2048 causal 0.92 and 1.12. The stall benchmark, two runs each
+way (on / off): ioaware's worst p90/median 1.35 and 1.45 / 1.68 and 1.62, the dense prefill's 1.11 and 1.06 / 1.65
+and 1.62, ``Int8Linear`` 4096²'s slowest call 1.0 and 1.5 / 1.6 and 1.0 ms; SmolLM2's decode after the kernels 230
+and 229 / 195 and 228 tokens/s.
 
 How: the workers' thread ids are read once per calling thread and pool size, by a parallel region whose every
 iteration asks ``gettid()`` (GNU OpenMP keeps one pool of workers per thread that launches regions), with each
