@@ -136,7 +136,8 @@ class Int8Weight:
     def __post_init__(self):
         if self.w_row_sums is None:
             sums = np.empty(self.w_i8.shape[0], dtype=np.int32)  # (N,)
-            _vnni.row_sums(self.w_i8, sums)
+            with serial_if_small(elements=self.w_i8.size):  # an element pass: small weights on this thread
+                _vnni.row_sums(self.w_i8, sums)
             object.__setattr__(self, "w_row_sums", sums)
 
     @property
@@ -159,7 +160,8 @@ class Int8Weight:
         N, K = w32.shape
         w_i8 = np.empty((N, K), dtype=np.int8)
         absmax = np.empty(N, dtype=np.float32)
-        _numba_cpu.quantize_rows(w32, np.zeros(K, dtype=np.bool_), w_i8, absmax)
+        with serial_if_small(elements=w32.size):  # an element pass: small weights on the calling thread
+            _numba_cpu.quantize_rows(w32, np.zeros(K, dtype=np.bool_), w_i8, absmax)
         return cls(w_i8, absmax, w32.astype(np.float16) if keep_fp16_weights else None)
 
     def outlier_weights_fp16(self, dims):
@@ -186,8 +188,10 @@ def int8_gemm(x_i8, w_i8):
     w_row_sums = None
     if USE_VNNI:
         w_row_sums = np.empty(w_i8.shape[0], dtype=np.int32)  # (N,)
-        _vnni.row_sums(w_i8, w_row_sums)
-    return _int32_product(np.ascontiguousarray(x_i8), w_i8, w_row_sums)
+        with serial_if_small(elements=w_i8.size):
+            _vnni.row_sums(w_i8, w_row_sums)
+    with serial_if_small(multiply_adds=M * K * w_i8.shape[0]):  # a small product on the calling thread
+        return _int32_product(np.ascontiguousarray(x_i8), w_i8, w_row_sums)
 
 
 def _int32_product(x_i8, w_i8, w_row_sums):
