@@ -312,9 +312,10 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, fir
     panel's first byte, 4, 64) has its own, which reads a column's 16 weights in one load
     (``panels.plus_panel_outliers16``)."""
     arrays = (y, absmax_w, x_o, cols, w_flat)
-    if not (all(_is_c_array(a) for a in arrays)
+    if not (all(_is_c_array(a) for a in arrays) and w_flat.dtype == types.int8 and cols.dtype == types.int64
+            and all(a.dtype == types.float32 for a in (y, absmax_w, x_o))
             and all(isinstance(i, types.Integer) for i in (n0, count, J, first, lane_stride, group_stride))):
-        return None
+        return None  # no typing: Numba raises its TypingError at compile time, where the codegen would misread
 
     def codegen(context, builder, signature, args):
         i64 = ir.IntType(64)
