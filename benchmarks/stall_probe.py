@@ -1,8 +1,9 @@
 """One process of the stall benchmark (run by ``test_bench_stalls.py``, one fresh process per threading option).
 
 Every public kernel at a small and a large size, called ``--rounds`` times interleaved with NumPy BLAS calls and,
-where torch is importable, torch calls, as user code mixes them; each call's wall time is recorded. With
-``--decode``, SmolLM2's decode rate is measured first (fresh process) and again after the interleaved rounds.
+where torch is importable, torch calls, as user code mixes them, and two controls that touch no memory
+(``_controls``); each call's wall time is recorded. With ``--decode``, SmolLM2's decode rate is measured first
+(fresh process) and again after the interleaved rounds.
 Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_tokens_per_s": {...}, "decode_rounds": {...: [rates,
 best single reads, sustained reads]}, "weight_bytes_per_token": ..., "pool": ...}.
 
@@ -15,6 +16,7 @@ import json
 import time
 
 import numpy as np
+from numba import njit, prange
 
 
 def _calls(rng, use_torch):
@@ -65,6 +67,69 @@ def _calls(rng, use_torch):
     q_h, k_h = rand(1, 9, 1024, 64), rand(1, 3, 1024, 64)
     calls["h2o N=1024"] = lambda: kvprune.h2o(q_h, k_h, k_h, capacity=256)
     return calls
+
+
+# -- controls: what the machine adds -----------------------------------------------------------------------------
+# Beside the dense prefill (~3 ms on two threads, whose spread was the widest of ours): multiply-adds in registers
+# (eight independent chains, as many as keep a core's floating-point pipes busy; no memory, no cache, no BLAS), as
+# long as the prefill, on the calling thread and on Numba's pool as ioaware's parallel calls run (a region of one
+# iteration per thread, its workers steered off the caller's CPU first); and the prefill itself on the calling
+# thread alone (the same code, no pool). The spread of the first two is the cores' own (the host's phases, the
+# scheduler, the pool's wake-ups); the third's adds the prefill's caches and memory on one core.
+@njit(cache=True)
+def _chain(n, a):
+    x0, x1, x2, x3, x4, x5, x6, x7 = a, a + 1, a + 2, a + 3, a + 4, a + 5, a + 6, a + 7
+    for _ in range(n):  # each chain waits for its last step; the eight together fill the pipes
+        x0, x1, x2, x3 = x0 * a + 0.5, x1 * a + 0.5, x2 * a + 0.5, x3 * a + 0.5
+        x4, x5, x6, x7 = x4 * a + 0.5, x5 * a + 0.5, x6 * a + 0.5, x7 * a + 0.5
+    return x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+
+
+@njit(parallel=True, cache=True)
+def _chains(n, a, out):
+    for t in prange(out.size):
+        out[t] = _chain(n, a)
+
+
+def _controls(prefill, threads):
+    """name -> callable: the multiply-adds on the calling thread and on ``threads`` threads, each about as long as
+    the median of five calls of ``prefill``, and ``prefill`` on the calling thread."""
+    import numba
+
+    from kernels._common.affinity import steer_workers
+
+    a = 0.5  # a value the compiler cannot see: the chains are not folded away (x -> x/2 + 1/2 tends to 1)
+    out = np.empty(threads)
+    _chain(1000, a), _chains(1000, a, out)  # compile
+    n = 1 << 20
+    while True:  # steps per call: as many as take the call's time
+        took = _timed(lambda: _chain(n, a))
+        if took > 1e-3:
+            break
+        n *= 2
+    n = max(1, int(n * np.median([_timed(prefill) for _ in range(5)]) / took))
+
+    def on_the_pool():
+        steer_workers()
+        _chains(n, a, out)
+
+    def on_one_thread():
+        before = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            prefill()
+        finally:
+            numba.set_num_threads(before)
+
+    return {"control multiply-adds, calling thread": lambda: _chain(n, a),
+            f"control multiply-adds, {threads} threads": on_the_pool,
+            "control dense prefill, calling thread": on_one_thread}
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _decode_rate(model, prompt, tokens):
@@ -127,14 +192,13 @@ def main(argv=None):
     for fn in calls.values():  # compile and warm
         fn()
         fn()
+    calls.update(_controls(calls["dense prefill 256×576→1536"], kernels.pool_info()["threads"]))
     samples = {name: [] for name in calls}
     for _ in range(args.rounds):
         for name, fn in calls.items():
             if args.pause_ms:
                 time.sleep(args.pause_ms / 1e3)
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
+            samples[name].append(_timed(fn))
     result["samples_s"] = samples
     if args.decode:
         result["decode_rounds"]["after_kernels"] = decode_rounds()

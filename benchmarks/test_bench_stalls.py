@@ -10,7 +10,9 @@ The read is the best single pass over a DRAM-sized buffer (the bound the target 
 each round against a read of as many bytes as the round streamed instead (~250 ms, as long as the round), which
 leaves out the bursts that a best pass of ~10 ms catches on a shared host. ``decode_drift`` is the best rate after
 the kernels over the best fresh one; ``decode_drift_per_read`` the same with each round's rate divided by the
-sustained read beside it, which takes out the host's memory speed moving between the two.
+sustained read beside it, which takes out the host's memory speed moving between the two. Beside the calls, three
+controls give the spread that the machine itself adds at the dense prefill's length (``stall_probe._controls``):
+multiply-adds in registers on the calling thread and on the pool, and the prefill on the calling thread alone.
 
 Options (environment of the child process):
 - ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
@@ -57,6 +59,7 @@ OPTIONS = {
 }
 P90_OVER_MEDIAN = 1.5
 PEERS = ("numpy ", "torch ")  # the calls of other libraries between ours: their spread is reported beside ours
+CONTROLS = "control "  # stall_probe's controls, as long as the dense prefill: the machine's own spread
 DECODE_DRIFT = 0.10
 DECODE_OF_BOUND = 0.8
 
@@ -93,7 +96,7 @@ def test_calls_after_pauses(benchmark, record, tmp_path):
 
     runs = benchmark.pedantic(pairs, rounds=1, iterations=1)
     for name in runs["ioaware"][0]["samples_s"]:
-        if name.startswith(PEERS):
+        if name.startswith((*PEERS, CONTROLS)):
             continue
         median = {option: statistics.median(x for r in rs for x in r["samples_s"][name]) for option, rs in runs.items()}
         record({"bench": "after-pauses", "call": name.replace(" ", "_"), "pause_ms": PAUSE_MS,
@@ -111,7 +114,7 @@ def test_stalls(benchmark, record, tmp_path, option):
     def spread(name):
         return p90(samples[name]) / statistics.median(samples[name])
 
-    ours = [name for name in samples if not name.startswith(PEERS)]  # the target is ioaware's calls'
+    ours = [name for name in samples if not name.startswith((*PEERS, CONTROLS))]  # the target is ioaware's calls'
     worst = max(ours, key=spread)
     worst_peer = max((name for name in samples if name.startswith(PEERS)), key=spread)
     for name, xs in samples.items():
@@ -138,6 +141,8 @@ def test_stalls(benchmark, record, tmp_path, option):
             "worst_call": worst.replace(" ", "_"),
             "worst_p90/median": f"{spread(worst):.2f}",
             "worst_peer": worst_peer.replace(" ", "_"), "worst_peer_p90/median": f"{spread(worst_peer):.2f}",
+            **{name.replace(CONTROLS, "").replace(", ", "_").replace(" ", "_") + "_p90/median": f"{spread(name):.2f}"
+               for name in samples if name.startswith(CONTROLS)},
             "int8_over_numpy_gemv_2048": f"{statistics.median(samples['numpy GEMV 2048²']) / gemv[2048]:.2f}",
             "decode_fresh_tok/s": f"{decode['fresh']:.1f}", "decode_after_tok/s": f"{decode['after_kernels']:.1f}",
             "decode_drift": f"{decode['after_kernels'] / decode['fresh'] - 1:+.1%}",
