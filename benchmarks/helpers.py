@@ -48,6 +48,32 @@ def sustained_read(read_buffer, n_bytes):
     return passes * read_buffer.nbytes / (time.perf_counter() - start)
 
 
+def slow_call_causes(calls, slow_over_median):
+    """The slow calls of a traced prefill (``prefill_trace.py``: longer than ``slow_over_median`` × the median) by where
+    they lost the time: ``one_cpu`` (two of its threads started on the same CPU: one waited for the other),
+    ``late_start`` (on CPUs of their own, a thread started more than a quarter of the median call after the launch:
+    its CPU was not running it), ``all_slower`` (every thread started on time on its own CPU, and the blocks took
+    longer). Returns (median seconds, {cause: count}, the slow calls' median block time over the others')."""
+    median = statistics.median(c["s"] for c in calls)
+    causes = {"one_cpu": 0, "late_start": 0, "all_slower": 0}
+
+    def block_time(call):  # seconds per block, over the threads that took one
+        return statistics.median((end - start) / blocks for start, end, _, blocks in call["threads"] if blocks)
+
+    slow = [c for c in calls if c["s"] > slow_over_median * median]
+    for call in slow:
+        cpus = [cpu for _, _, cpu, _ in call["threads"]]
+        if len(set(cpus)) < len(cpus):
+            causes["one_cpu"] += 1
+        elif max(start for start, *_ in call["threads"]) > median / 4:
+            causes["late_start"] += 1
+        else:
+            causes["all_slower"] += 1
+    usual = statistics.median(block_time(c) for c in calls if c["s"] <= slow_over_median * median)
+    ratio = statistics.median(block_time(c) for c in slow) / usual if slow else float("nan")
+    return median, causes, ratio
+
+
 def alternate_in_fresh_processes(workloads, *, pairs=3, repeats=5):
     """Median seconds of each workload, each timed in ``pairs`` fresh processes taken in turn (A B A B ...), so
     that no thread pool of one peer taxes the other and slow drifts of the machine hit both alike.

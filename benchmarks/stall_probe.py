@@ -70,12 +70,15 @@ def _calls(rng, use_torch):
 
 
 # -- controls: what the machine adds -----------------------------------------------------------------------------
-# Beside the dense prefill (~3 ms on two threads, whose spread was the widest of ours): multiply-adds in registers
-# (eight independent chains, as many as keep a core's floating-point pipes busy; no memory, no cache, no BLAS), as
-# long as the prefill, on the calling thread and on Numba's pool as ioaware's parallel calls run (a region of one
-# iteration per thread, its workers steered off the caller's CPU first); and the prefill itself on the calling
-# thread alone (the same code, no pool). The spread of the first two is the cores' own (the host's phases, the
-# scheduler, the pool's wake-ups); the third's adds the prefill's caches and memory on one core.
+# Beside the dense prefill (~3 ms on two threads, whose spread was the widest of ours), each as long as the prefill:
+# - multiply-adds in registers (eight independent chains, as many as keep a core's floating-point pipes busy; no
+#   memory, no cache, no BLAS), on the calling thread and on Numba's pool as ioaware's parallel calls run (a region
+#   of one iteration per thread, its workers steered off the caller's CPU first): the cores' own spread (the
+#   host's phases, the scheduler, the pool's wake-ups);
+# - the prefill's blocks, each thread multiplying arrays of its own on the pool (no shared output, no claims): what
+#   two threads of BLAS at once add;
+# - the prefill itself on the calling thread alone (the same code, no pool): what its caches and memory add on one
+#   core.
 @njit(cache=True)
 def _chain(n, a):
     x0, x1, x2, x3, x4, x5, x6, x7 = a, a + 1, a + 2, a + 3, a + 4, a + 5, a + 6, a + 7
@@ -91,13 +94,22 @@ def _chains(n, a, out):
         out[t] = _chain(n, a)
 
 
+@njit(parallel=True, cache=True)
+def _private_products(a, b, c, repeats):
+    for t in prange(a.shape[0]):  # thread t: c[t] = a[t] · b[t]ᵀ, ``repeats`` times
+        for _ in range(repeats):
+            np.dot(a[t], b[t].T, c[t])
+
+
 def _controls(prefill, threads):
-    """name -> callable: the multiply-adds on the calling thread and on ``threads`` threads, each about as long as
-    the median of five calls of ``prefill``, and ``prefill`` on the calling thread."""
+    """name -> callable: the controls above, each about as long as the median of five calls of ``prefill`` (the
+    dense prefill of ``_calls``: (256, 576) · (576, 1536), whose blocks are 192 columns wide on two threads)."""
     import numba
 
     from kernels._common.affinity import steer_workers
+    from kernels._common.blas import single_threaded_blas
 
+    rng = np.random.default_rng(1)
     a = 0.5  # a value the compiler cannot see: the chains are not folded away (x -> x/2 + 1/2 tends to 1)
     out = np.empty(threads)
     _chain(1000, a), _chains(1000, a, out)  # compile
@@ -107,7 +119,18 @@ def _controls(prefill, threads):
         if took > 1e-3:
             break
         n *= 2
-    n = max(1, int(n * np.median([_timed(prefill) for _ in range(5)]) / took))
+    target = np.median([_timed(prefill) for _ in range(5)])
+    n = max(1, int(n * target / took))
+    x_blocks = rng.standard_normal((threads, 256, 576), dtype=np.float32)  # (T, M, K): the prefill's x per thread
+    w_blocks = rng.standard_normal((threads, 192, 576), dtype=np.float32)  # (T, width, K): a block of its w
+    products = np.empty((threads, 256, 192), dtype=np.float32)  # (T, M, width)
+
+    def private_products(repeats):
+        with single_threaded_blas():  # steers the workers, as batched_matmul's regions
+            _private_products(x_blocks, w_blocks, products, repeats)
+
+    private_products(1)  # compile
+    repeats = max(1, round(target / np.median([_timed(lambda: private_products(1)) for _ in range(5)])))
 
     def on_the_pool():
         steer_workers()
@@ -123,6 +146,7 @@ def _controls(prefill, threads):
 
     return {"control multiply-adds, calling thread": lambda: _chain(n, a),
             f"control multiply-adds, {threads} threads": on_the_pool,
+            f"control private products, {threads} threads": lambda: private_products(repeats),
             "control dense prefill, calling thread": on_one_thread}
 
 

@@ -10,9 +10,11 @@ The read is the best single pass over a DRAM-sized buffer (the bound the target 
 each round against a read of as many bytes as the round streamed instead (~250 ms, as long as the round), which
 leaves out the bursts that a best pass of ~10 ms catches on a shared host. ``decode_drift`` is the best rate after
 the kernels over the best fresh one; ``decode_drift_per_read`` the same with each round's rate divided by the
-sustained read beside it, which takes out the host's memory speed moving between the two. Beside the calls, three
+sustained read beside it, which takes out the host's memory speed moving between the two. Beside the calls, four
 controls give the spread that the machine itself adds at the dense prefill's length (``stall_probe._controls``):
-multiply-adds in registers on the calling thread and on the pool, and the prefill on the calling thread alone.
+multiply-adds in registers on the calling thread and on the pool, the prefill's blocks on arrays of each thread's
+own on the pool, and the prefill on the calling thread alone. ``test_slow_prefill_calls`` traces the prefill's
+slow calls (``prefill_trace.py``).
 
 Options (environment of the child process):
 - ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
@@ -42,7 +44,7 @@ import pytest
 
 from kernels.cpuinfo import cpu_model
 
-from helpers import p90
+from helpers import p90, slow_call_causes
 
 ROUNDS = 30
 PROBE = Path(__file__).with_name("stall_probe.py")
@@ -103,6 +105,36 @@ def test_calls_after_pauses(benchmark, record, tmp_path):
                 "median_ms": f"{median['ioaware'] * 1e3:.3f}", "no_steer_median_ms": f"{median['no-steer'] * 1e3:.3f}",
                 "no_steer/ioaware": f"{median['no-steer'] / median['ioaware']:.2f}",
                 "cpu": f"{cpu_model()} x{os.cpu_count()}"})
+
+
+TRACE = Path(__file__).with_name("prefill_trace.py")
+TRACE_ROUNDS = 60
+
+
+def test_slow_prefill_calls(benchmark, record, tmp_path):
+    """The dense prefill (256, 576) · (576, 1536) traced in the stall benchmark's rounds, in a fresh process with
+    the library's design: how many of its calls were slow, where they lost their time (``slow_call_causes``), and
+    how many calls of each control were slow in the same rounds."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
+                                                            "OPENBLAS_THREAD_TIMEOUT", "IOAWARE_STEER_WORKERS")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = tmp_path / "trace.json"
+
+    def run():
+        subprocess.run([sys.executable, str(TRACE), "--rounds", str(TRACE_ROUNDS), "--out", str(out)], check=True,
+                       env=env, cwd=ROOT, timeout=900)
+        return json.loads(out.read_text())
+
+    result = benchmark.pedantic(run, rounds=1, iterations=1)
+    if result["pool"]["threads"] < 2:
+        pytest.skip("a pool of one thread has no second thread to trace")
+    median, causes, ratio = slow_call_causes(result["calls"], P90_OVER_MEDIAN)
+    controls = {name.replace(CONTROLS, "").replace(", ", "_").replace(" ", "_") + "_slow":
+                sum(x > P90_OVER_MEDIAN * statistics.median(xs) for x in xs)
+                for name, xs in result["controls_s"].items()}  # slow calls of the controls in the same rounds
+    record({"bench": "slow-prefill-calls", "calls": len(result["calls"]), "median_ms": f"{median * 1e3:.3f}",
+            "slow": sum(causes.values()), **causes, "slow_block_time/usual": f"{ratio:.2f}", **controls,
+            "steer_workers": result["pool"]["steer_workers"], "cpu": f"{cpu_model()} x{os.cpu_count()}"})
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))

@@ -1,0 +1,52 @@
+"""The benchmarks' own logic that a benchmark run could not show wrong: the percentile and the causes of the
+traced prefill's slow calls (``benchmarks/helpers.py``), on made-up samples and traces."""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_helpers", Path(__file__).resolve().parents[1] / "benchmarks" / "helpers.py")
+bench_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_helpers)
+
+
+def test_p90_is_the_nearest_rank_of_the_sorted_samples(rng):
+    samples = rng.permutation(30).tolist()  # 0 .. 29 in some order
+    assert bench_helpers.p90(samples) == 26  # the 27th smallest: index int(0.9 · 29)
+
+
+def _call(seconds, *threads):
+    """A traced call: its seconds and, per thread, (start s, end s, CPU, blocks)."""
+    return {"s": seconds, "caller_cpu": threads[0][2], "threads": [list(t) for t in threads]}
+
+
+def test_slow_calls_are_told_apart_by_where_their_threads_ran():
+    usual = [_call(0.003, (20e-6, 0.003, 0, 4), (40e-6, 0.003, 1, 4)) for _ in range(20)]  # 0.75 ms a block
+    one_cpu = _call(0.006, (20e-6, 0.006, 1, 6), (3e-3, 0.006, 1, 2))  # both on CPU 1: one waited
+    late = _call(0.005, (20e-6, 0.005, 0, 6), (2e-3, 0.005, 1, 2))  # CPU 1 ran its thread 2 ms late
+    slower = _call(0.005, (20e-6, 0.005, 0, 4), (40e-6, 0.005, 1, 4))  # on time, 1.25 ms a block
+    idle_thread = _call(0.006, (20e-6, 0.006, 0, 8), (5.9e-3, 0.006, 1, 0))  # late, and took no block
+    median, causes, ratio = bench_helpers.slow_call_causes(usual + [one_cpu, late, slower, idle_thread], 1.5)
+    assert median == 0.003
+    assert causes == {"one_cpu": 1, "late_start": 2, "all_slower": 1}
+    # a call's block time: the median over its threads that took a block of (end − start) / blocks
+    block = {"one_cpu": median_of((0.006 - 20e-6) / 6, (0.006 - 3e-3) / 2),
+             "late": median_of((0.005 - 20e-6) / 6, (0.005 - 2e-3) / 2),
+             "slower": median_of((0.005 - 20e-6) / 4, (0.005 - 40e-6) / 4),
+             "idle_thread": (0.006 - 20e-6) / 8}
+    usual_block = median_of((0.003 - 20e-6) / 4, (0.003 - 40e-6) / 4)
+    assert ratio == pytest.approx(median_of(*block.values()) / usual_block)
+
+
+def median_of(*xs):
+    return statistics.median(xs)
+
+
+def test_no_slow_call_gives_no_ratio():
+    calls = [_call(0.003, (20e-6, 0.003, 0, 4), (40e-6, 0.003, 1, 4)) for _ in range(10)]
+    median, causes, ratio = bench_helpers.slow_call_causes(calls, 1.5)
+    assert sum(causes.values()) == 0 and ratio != ratio  # NaN: nothing to compare
