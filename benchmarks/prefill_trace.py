@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels._common.atomics import COUNTER_STRIDE, claim  # kernels before torch (kernels/_common/threads.py)
+from kernels._common.blas import COLUMN_ALIGN
 
 _LIBC = ctypes.CDLL(None)
 _clock_gettime = _LIBC.clock_gettime
@@ -42,7 +43,7 @@ def _traced_nt(a, b, out, n_blocks, counters, record):
     M, N = a.shape[0], b.shape[0]
     n_workers = counters.size // COUNTER_STRIDE
     width = (N + n_blocks - 1) // n_blocks
-    width = (width + 15) // 16 * 16  # blas.COLUMN_ALIGN
+    width = (width + COLUMN_ALIGN - 1) // COLUMN_ALIGN * COLUMN_ALIGN
     for worker in prange(n_workers):
         timespec = np.empty(2, np.int64)
         record[worker, 0], record[worker, 2] = _now_ns(timespec), _sched_getcpu()

@@ -1,7 +1,7 @@
 """One process of the stall benchmark (run by ``test_bench_stalls.py``, one fresh process per threading option).
 
 Every public kernel at a small and a large size, called ``--rounds`` times interleaved with NumPy BLAS calls and,
-where torch is importable, torch calls, as user code mixes them, and two controls that touch no memory
+where torch is importable, torch calls, as user code mixes them, and four controls of the machine's own spread
 (``_controls``); each call's wall time is recorded. With ``--decode``, SmolLM2's decode rate is measured first
 (fresh process) and again after the interleaved rounds.
 Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_tokens_per_s": {...}, "decode_rounds": {...: [rates,
