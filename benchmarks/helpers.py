@@ -53,15 +53,16 @@ def slow_call_causes(calls, slow_over_median):
     they lost the time: ``one_cpu`` (two of its threads started on the same CPU: one waited for the other),
     ``late_start`` (on CPUs of their own, a thread started more than a quarter of the median call after the launch:
     its CPU was not running it), ``all_slower`` (every thread started on time on its own CPU, and the blocks took
-    longer). Returns (median seconds, {cause: count}, the slow calls' median block time over the others')."""
+    longer). Returns (median seconds, {cause: count}, the median block time of the ``all_slower`` calls over that
+    of the calls that were not slow: how much slower each block ran)."""
     median = statistics.median(c["s"] for c in calls)
     causes = {"one_cpu": 0, "late_start": 0, "all_slower": 0}
 
     def block_time(call):  # seconds per block, over the threads that took one
         return statistics.median((end - start) / blocks for start, end, _, blocks in call["threads"] if blocks)
 
-    slow = [c for c in calls if c["s"] > slow_over_median * median]
-    for call in slow:
+    slower = []
+    for call in (c for c in calls if c["s"] > slow_over_median * median):
         cpus = [cpu for _, _, cpu, _ in call["threads"]]
         if len(set(cpus)) < len(cpus):
             causes["one_cpu"] += 1
@@ -69,8 +70,9 @@ def slow_call_causes(calls, slow_over_median):
             causes["late_start"] += 1
         else:
             causes["all_slower"] += 1
+            slower.append(call)
     usual = statistics.median(block_time(c) for c in calls if c["s"] <= slow_over_median * median)
-    ratio = statistics.median(block_time(c) for c in slow) / usual if slow else float("nan")
+    ratio = statistics.median(block_time(c) for c in slower) / usual if slower else float("nan")
     return median, causes, ratio
 
 

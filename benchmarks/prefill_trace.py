@@ -3,9 +3,10 @@
 The stall benchmark's rounds (``stall_probe._calls``: ioaware's calls interleaved with NumPy's and torch's), with a
 traced copy of the prefill's product right after the prefill: each thread of its parallel region records the CPU it
 started on (``sched_getcpu``), when it started and ended (``CLOCK_MONOTONIC``, from the moment the calling thread
-launched the region) and how many blocks it took; the stall benchmark's controls (``stall_probe._controls``) run
-in the same rounds. Writes JSON: {"calls": [{"s": seconds, "caller_cpu": ..., "threads": [[start_s, end_s, cpu,
-blocks], ...]}, ...], "controls_s": {name: [seconds, ...]}, "pool": ...}.
+launched the region) and how many blocks it took. The copy multiplies arrays of its own, of the prefill's shapes,
+right after the prefill has read its weight. The stall benchmark's controls (``stall_probe._controls``) run in the
+same rounds. Writes JSON: {"calls": [{"s": seconds, "threads": [[start_s, end_s, cpu, blocks], ...]}, ...],
+"controls_s": {name: [seconds, ...]}, "pool": ...}.
 
     python benchmarks/prefill_trace.py --rounds 60 --out trace.json
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 
 import numpy as np
@@ -72,14 +72,18 @@ def main(argv=None):
 
     from stall_probe import _calls, _controls, _timed
 
-    use_torch = importlib.util.find_spec("torch") is not None  # the benchmark's rounds have torch's calls
+    try:  # the benchmark's rounds have torch's calls where torch imports
+        import torch  # noqa: F401
+        use_torch = True
+    except ImportError:
+        use_torch = False
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((256, 576), dtype=np.float32)  # the stall benchmark's prefill: (256, 576) · (576, 1536)
     w = rng.standard_normal((1536, 576), dtype=np.float32)
     out = np.empty((256, 1536), dtype=np.float32)
     threads = kernels.pool_info()["threads"]
-    n_blocks = blas.TASKS_PER_THREAD * threads  # as batched_matmul splits it
+    n_blocks = blas.TASKS_PER_THREAD * threads  # as batched_matmul splits it (up to 96 column blocks of 16)
     timespec = np.empty(2, np.int64)
     traced = []
 
@@ -87,11 +91,10 @@ def main(argv=None):
         counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)
         record = np.zeros((threads, 4), dtype=np.int64)
         with blas.single_threaded_blas():
-            caller_cpu = _sched_getcpu()
             start = _now_ns(timespec)
             _traced_nt(x, w, out, n_blocks, counters, record)
             end = _now_ns(timespec)
-        traced.append({"s": (end - start) / 1e9, "caller_cpu": caller_cpu,
+        traced.append({"s": (end - start) / 1e9,
                        "threads": [[(r[0] - start) / 1e9, (r[1] - start) / 1e9, int(r[2]), int(r[3])]
                                    for r in record]})
 

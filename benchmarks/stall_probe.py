@@ -103,27 +103,27 @@ def _private_products(a, b, c, repeats):
 
 def _controls(prefill, threads):
     """name -> callable: the controls above, each about as long as the median of five calls of ``prefill`` (the
-    dense prefill of ``_calls``: (256, 576) · (576, 1536), whose blocks are 192 columns wide on two threads)."""
+    dense prefill of ``_calls``: (256, 576) · (576, 1536))."""
     import numba
 
     from kernels._common.affinity import steer_workers
-    from kernels._common.blas import single_threaded_blas
+    from kernels._common.blas import COLUMN_ALIGN, TASKS_PER_THREAD, single_threaded_blas
 
     rng = np.random.default_rng(1)
     a = 0.5  # a value the compiler cannot see: the chains are not folded away (x -> x/2 + 1/2 tends to 1)
     out = np.empty(threads)
     _chain(1000, a), _chains(1000, a, out)  # compile
     n = 1 << 20
-    while True:  # steps per call: as many as take the call's time
-        took = _timed(lambda: _chain(n, a))
-        if took > 1e-3:
-            break
+    while _timed(lambda: _chain(n, a)) < 1e-3:  # steps per call: enough for a millisecond
         n *= 2
+    took = np.median([_timed(lambda: _chain(n, a)) for _ in range(5)])
     target = np.median([_timed(prefill) for _ in range(5)])
     n = max(1, int(n * target / took))
+    width = -(-1536 // (TASKS_PER_THREAD * threads))  # the prefill's column blocks (blas.batched_matmul)
+    width = -(-width // COLUMN_ALIGN) * COLUMN_ALIGN
     x_blocks = rng.standard_normal((threads, 256, 576), dtype=np.float32)  # (T, M, K): the prefill's x per thread
-    w_blocks = rng.standard_normal((threads, 192, 576), dtype=np.float32)  # (T, width, K): a block of its w
-    products = np.empty((threads, 256, 192), dtype=np.float32)  # (T, M, width)
+    w_blocks = rng.standard_normal((threads, width, 576), dtype=np.float32)  # (T, width, K): a block of its w
+    products = np.empty((threads, 256, width), dtype=np.float32)  # (T, M, width)
 
     def private_products(repeats):
         with single_threaded_blas():  # steers the workers, as batched_matmul's regions
@@ -143,6 +143,8 @@ def _controls(prefill, threads):
             prefill()
         finally:
             numba.set_num_threads(before)
+
+    on_one_thread()  # warm
 
     return {"control multiply-adds, calling thread": lambda: _chain(n, a),
             f"control multiply-adds, {threads} threads": on_the_pool,
@@ -216,7 +218,8 @@ def main(argv=None):
     for fn in calls.values():  # compile and warm
         fn()
         fn()
-    calls.update(_controls(calls["dense prefill 256×576→1536"], kernels.pool_info()["threads"]))
+    if not args.pause_ms:  # the controls are for the spread of calls back to back
+        calls.update(_controls(calls["dense prefill 256×576→1536"], kernels.pool_info()["threads"]))
     samples = {name: [] for name in calls}
     for _ in range(args.rounds):
         for name, fn in calls.items():

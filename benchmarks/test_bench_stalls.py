@@ -9,11 +9,13 @@ a read taken right after it (``of_bound``: the median over the rounds), since a 
 The read is the best single pass over a DRAM-sized buffer (the bound the target names); ``of_sustained_read`` sets
 each round against a read of as many bytes as the round streamed instead (~250 ms, as long as the round), which
 leaves out the bursts that a best pass of ~10 ms catches on a shared host. ``decode_drift`` is the best rate after
-the kernels over the best fresh one; ``decode_drift_per_read`` the same with each round's rate divided by the
-sustained read beside it, which takes out the host's memory speed moving between the two. Beside the calls, four
-controls give the spread that the machine itself adds at the dense prefill's length (``stall_probe._controls``):
-multiply-adds in registers on the calling thread and on the pool, the prefill's blocks on arrays of each thread's
-own on the pool, and the prefill on the calling thread alone. ``test_slow_prefill_calls`` traces the prefill's
+the kernels over the best fresh one; ``decode_drift_per_read`` the median over the rounds of each round's rate
+divided by the sustained read beside it, after the kernels over fresh, which takes out the host's memory speed
+moving between the two.
+
+Beside the calls, four controls give the spread that the machine itself adds at the dense prefill's length
+(``stall_probe._controls``): multiply-adds in registers on the calling thread and on the pool, the prefill's blocks
+on arrays of each thread's own on the pool, and the prefill on the calling thread alone. ``test_slow_prefill_calls`` traces the prefill's
 slow calls (``prefill_trace.py``).
 
 Options (environment of the child process):
@@ -135,7 +137,7 @@ def test_slow_prefill_calls(benchmark, record, tmp_path):
                 sum(x > P90_OVER_MEDIAN * statistics.median(xs) for x in xs)
                 for name, xs in result["controls_s"].items()}  # slow calls of the controls in the same rounds
     record({"bench": "slow-prefill-calls", "calls": len(result["calls"]), "median_ms": f"{median * 1e3:.3f}",
-            "slow": sum(causes.values()), **causes, "slow_block_time/usual": f"{ratio:.2f}", **controls,
+            "slow": sum(causes.values()), **causes, "all_slower_block_time/usual": f"{ratio:.2f}", **controls,
             "steer_workers": result["pool"]["steer_workers"], "cpu": f"{cpu_model()} x{os.cpu_count()}"})
 
 

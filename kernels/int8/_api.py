@@ -136,7 +136,7 @@ class Int8Weight:
     def __post_init__(self):
         if self.w_row_sums is None:
             sums = np.empty(self.w_i8.shape[0], dtype=np.int32)  # (N,)
-            with serial_if_small(elements=self.w_i8.size):  # an element pass: small weights on this thread
+            with serial_if_small(multiply_adds=self.w_i8.size):  # a pass over the int8 weight, as a GEMV's
                 _vnni.row_sums(self.w_i8, sums)
             object.__setattr__(self, "w_row_sums", sums)
 
@@ -186,11 +186,11 @@ def int8_gemm(x_i8, w_i8):
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
     w_i8 = np.ascontiguousarray(w_i8)
     w_row_sums = None
-    if USE_VNNI:
-        w_row_sums = np.empty(w_i8.shape[0], dtype=np.int32)  # (N,)
-        with serial_if_small(elements=w_i8.size):
+    with serial_if_small(multiply_adds=M * K * w_i8.shape[0]):  # a small product on the calling thread, its
+        # weights' row sums (N·K adds) with it
+        if USE_VNNI:
+            w_row_sums = np.empty(w_i8.shape[0], dtype=np.int32)  # (N,)
             _vnni.row_sums(w_i8, w_row_sums)
-    with serial_if_small(multiply_adds=M * K * w_i8.shape[0]):  # a small product on the calling thread
         return _int32_product(np.ascontiguousarray(x_i8), w_i8, w_row_sums)
 
 

@@ -140,8 +140,9 @@ def test_quantizing_a_weight_runs_small_weights_on_one_thread(rng, monkeypatch, 
     seen_sums = _threads_inside(monkeypatch, int8_api._vnni, "row_sums")
     w = rng.standard_normal((300, 130), dtype=np.float32)  # 39 000 elements
     small = int8.Int8Weight.from_float(w)
-    int8.Int8Weight.from_float(rng.standard_normal((2048, 1024), dtype=np.float32))  # 2^21
-    assert seen == [1, 2] and seen_sums == [1, 2]
+    int8.Int8Weight.from_float(rng.standard_normal((2048, 1024), dtype=np.float32))  # 2^21: a float32 pass
+    int8.Int8Weight.from_float(rng.standard_normal((4096, 4096), dtype=np.float32))  # 2^24 int8 row sums
+    assert seen == [1, 2, 2] and seen_sums == [1, 1, 2]  # the row sums of 2^21 int8 bytes: as a small GEMV
     ref_i8, ref_absmax = int8.quantize_reference(w, axis=1)
     assert np.array_equal(small.w_i8, ref_i8) and np.array_equal(small.absmax, ref_absmax)
     assert np.array_equal(small.w_row_sums, ref_i8.sum(axis=1, dtype=np.int64))
@@ -150,10 +151,14 @@ def test_quantizing_a_weight_runs_small_weights_on_one_thread(rng, monkeypatch, 
 def test_int8_gemm_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
     module = int8_api._vnni if int8_api.USE_VNNI else int8_api._numba_cpu
     seen = _threads_inside(monkeypatch, module, "gemm_i8")
+    seen_sums = _threads_inside(monkeypatch, int8_api._vnni, "row_sums")
     x_i8 = rng.integers(-127, 128, size=(5, 70), dtype=np.int8)
     w_i8 = rng.integers(-127, 128, size=(30, 70), dtype=np.int8)  # 10 500 multiply-adds
     c = int8.int8_gemm(x_i8, w_i8)
+    int8.int8_gemm(rng.integers(-127, 128, size=(1, 4096), dtype=np.int8),
+                   rng.integers(-127, 128, size=(1024, 4096), dtype=np.int8))  # 2^22, its row sums too
     int8.int8_gemm(rng.integers(-127, 128, size=(64, 512), dtype=np.int8),
                    rng.integers(-127, 128, size=(512, 512), dtype=np.int8))  # 2^24
-    assert seen == [1, 2]
+    assert seen == [1, 1, 2]
+    assert seen_sums == ([1, 1, 2] if int8_api.USE_VNNI else [])  # only the vpdpbusd product needs them
     assert np.array_equal(c, x_i8.astype(np.int64) @ w_i8.astype(np.int64).T)
