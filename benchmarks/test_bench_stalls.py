@@ -15,8 +15,8 @@ moving between the two.
 
 Beside the calls, four controls give the spread that the machine itself adds at the dense prefill's length
 (``stall_probe._controls``): multiply-adds in registers on the calling thread and on the pool, the prefill's blocks
-on arrays of each thread's own on the pool, and the prefill on the calling thread alone. ``test_slow_prefill_calls`` traces the prefill's
-slow calls (``prefill_trace.py``).
+on arrays of each thread's own on the pool, and the prefill on the calling thread alone. ``test_slow_prefill_calls``
+traces the prefill's slow calls (``prefill_trace.py``).
 
 Options (environment of the child process):
 - ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
