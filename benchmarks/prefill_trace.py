@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels._common.atomics import COUNTER_STRIDE, claim  # kernels before torch (kernels/_common/threads.py)
-from kernels._common.blas import COLUMN_ALIGN
+from kernels._common.blas import COLUMN_ALIGN, _block
 
 _LIBC = ctypes.CDLL(None)
 _clock_gettime = _LIBC.clock_gettime
@@ -42,16 +42,13 @@ def _traced_nt(a, b, out, n_blocks, counters, record):
     claimed), with each thread's [start ns, end ns, CPU, blocks] in ``record``."""
     M, N = a.shape[0], b.shape[0]
     n_workers = counters.size // COUNTER_STRIDE
-    width = (N + n_blocks - 1) // n_blocks
-    width = (width + COLUMN_ALIGN - 1) // COLUMN_ALIGN * COLUMN_ALIGN
     for worker in prange(n_workers):
         timespec = np.empty(2, np.int64)
         record[worker, 0], record[worker, 2] = _now_ns(timespec), _sched_getcpu()
         blocks = 0
         task = claim(counters, 0, worker, n_workers, n_blocks)
         while task >= 0:
-            c0 = task * width
-            c1 = min(N, c0 + width)
+            _, c0, c1 = _block(task, N, n_blocks, COLUMN_ALIGN)
             if c0 < c1:
                 part = np.empty((M, c1 - c0), dtype=out.dtype)
                 np.dot(a, b[c0:c1].T, part)

@@ -104,10 +104,9 @@ def _private_products(a, b, c, repeats):
 def _controls(prefill, threads):
     """name -> callable: the controls above, each about as long as the median of five calls of ``prefill`` (the
     dense prefill of ``_calls``: (256, 576) · (576, 1536))."""
-    import numba
-
     from kernels._common.affinity import steer_workers
-    from kernels._common.blas import COLUMN_ALIGN, TASKS_PER_THREAD, single_threaded_blas
+    from kernels._common.blas import COLUMN_ALIGN, TASKS_PER_THREAD, _block, single_threaded_blas
+    from kernels._common.threads import serial_if_small
 
     rng = np.random.default_rng(1)
     a = 0.5  # a value the compiler cannot see: the chains are not folded away (x -> x/2 + 1/2 tends to 1)
@@ -119,8 +118,8 @@ def _controls(prefill, threads):
     took = np.median([_timed(lambda: _chain(n, a)) for _ in range(5)])
     target = np.median([_timed(prefill) for _ in range(5)])
     n = max(1, int(n * target / took))
-    width = -(-1536 // (TASKS_PER_THREAD * threads))  # the prefill's column blocks (blas.batched_matmul)
-    width = -(-width // COLUMN_ALIGN) * COLUMN_ALIGN
+    _, c0, c1 = _block(0, 1536, TASKS_PER_THREAD * threads, COLUMN_ALIGN)  # the prefill's first column block
+    width = c1 - c0
     x_blocks = rng.standard_normal((threads, 256, 576), dtype=np.float32)  # (T, M, K): the prefill's x per thread
     w_blocks = rng.standard_normal((threads, width, 576), dtype=np.float32)  # (T, width, K): a block of its w
     products = np.empty((threads, 256, width), dtype=np.float32)  # (T, M, width)
@@ -137,12 +136,8 @@ def _controls(prefill, threads):
         _chains(n, a, out)
 
     def on_one_thread():
-        before = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
+        with serial_if_small():  # no work counted: Numba's loops on the calling thread alone
             prefill()
-        finally:
-            numba.set_num_threads(before)
 
     on_one_thread()  # warm
 

@@ -68,13 +68,26 @@ DECODE_DRIFT = 0.10
 DECODE_OF_BOUND = 0.8
 
 
-def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
-    env_extra, flags = OPTIONS[option]
+def child_env(extra):
+    """This environment without the variables that the options set (the child's threading as ``extra`` says, the
+    library's design where it says nothing), with ``extra`` and the repository on the path."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "OPENBLAS_THREAD_TIMEOUT",
                         "IOAWARE_STEER_WORKERS")}
-    env.update(env_extra)
+    env.update(extra)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def control_key(name, what):
+    """A summary key for the control ``name``: 'control private products, 2 threads' -> 'private_products_2_threads'
+    + what."""
+    return name.replace(CONTROLS, "").replace(", ", "_").replace(" ", "_") + what
+
+
+def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
+    env_extra, flags = OPTIONS[option]
+    env = child_env(env_extra)
     cmd = [sys.executable, str(PROBE), "--rounds", str(rounds), "--out", str(out_path), *extra, *flags]
     subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=900)
     return json.loads(Path(out_path).read_text())
@@ -119,9 +132,7 @@ def test_slow_prefill_calls(benchmark, record, tmp_path):
     how many calls of each control were slow in the same rounds."""
     if not sys.platform.startswith("linux"):
         pytest.skip("the trace asks Linux's C library for sched_getcpu and CLOCK_MONOTONIC")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME",
-                                                            "OPENBLAS_THREAD_TIMEOUT", "IOAWARE_STEER_WORKERS")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env(OPTIONS["ioaware"][0])
     out = tmp_path / "trace.json"
 
     def run():
@@ -133,8 +144,7 @@ def test_slow_prefill_calls(benchmark, record, tmp_path):
     if result["pool"]["threads"] < 2:
         pytest.skip("a pool of one thread has no second thread to trace")
     median, causes, ratio = slow_call_causes(result["calls"], P90_OVER_MEDIAN)
-    controls = {name.replace(CONTROLS, "").replace(", ", "_").replace(" ", "_") + "_slow":
-                sum(x > P90_OVER_MEDIAN * statistics.median(xs) for x in xs)
+    controls = {control_key(name, "_slow"): sum(x > P90_OVER_MEDIAN * statistics.median(xs) for x in xs)
                 for name, xs in result["controls_s"].items()}  # slow calls of the controls in the same rounds
     record({"bench": "slow-prefill-calls", "calls": len(result["calls"]), "median_ms": f"{median * 1e3:.3f}",
             "slow": sum(causes.values()), **causes, "all_slower_block_time/usual": f"{ratio:.2f}", **controls,
@@ -177,7 +187,7 @@ def test_stalls(benchmark, record, tmp_path, option):
             "worst_call": worst.replace(" ", "_"),
             "worst_p90/median": f"{spread(worst):.2f}",
             "worst_peer": worst_peer.replace(" ", "_"), "worst_peer_p90/median": f"{spread(worst_peer):.2f}",
-            **{name.replace(CONTROLS, "").replace(", ", "_").replace(" ", "_") + "_p90/median": f"{spread(name):.2f}"
+            **{control_key(name, "_p90/median"): f"{spread(name):.2f}"
                for name in samples if name.startswith(CONTROLS)},
             "int8_over_numpy_gemv_2048": f"{statistics.median(samples['numpy GEMV 2048²']) / gemv[2048]:.2f}",
             "decode_fresh_tok/s": f"{decode['fresh']:.1f}", "decode_after_tok/s": f"{decode['after_kernels']:.1f}",

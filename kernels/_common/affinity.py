@@ -200,6 +200,12 @@ def _set(state, masks) -> bool:
     return not gone
 
 
+def _restore(state) -> None:
+    """The workers' own affinities back where a steer narrowed them."""
+    if state.cpu != -1 and _set(state, state.masks):
+        state.cpu = -1
+
+
 def _others_cpu_s(state) -> float:
     """CPU seconds of the process's threads other than this one and its workers (each thread's own CPU clock,
     ``clock_gettime`` of its thread id: Linux's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), include/linux/posix-timers.h;
@@ -249,8 +255,7 @@ def steer_workers() -> None:
         return
     state = _workers
     if not ENABLED:
-        if state.cpu != -1 and _set(state, state.masks):
-            state.cpu = -1
+        _restore(state)
         return
     threads = _pool_size()
     if threads < 2:
@@ -258,8 +263,7 @@ def steer_workers() -> None:
     if state.threads != threads:
         _read(state, threads)
     if _others_busy(state, threads):  # other threads ran since the last region: the scheduler places the workers
-        if state.cpu != -1 and _set(state, state.masks):
-            state.cpu = -1
+        _restore(state)
         return
     cpu = _sched_getcpu()
     if not state.ids or cpu == state.cpu or cpu < 0:
