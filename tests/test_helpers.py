@@ -125,3 +125,15 @@ def test_alone(i):
     for name, a, b in spans:
         if name == "alone":
             assert not [other for other in spans if other[0] != "alone" and other[1] < b and a < other[2]], spans
+
+
+def test_numpys_row_stack_alias_is_restored_where_numpy_dropped_it(monkeypatch):
+    """numba-cuda 0.30's CUDA typing overloads np.row_stack, which NumPy 2.5 removed (kernels/_common/gpu.py)."""
+    from kernels._common import gpu
+
+    monkeypatch.delattr(np, "row_stack", raising=False)
+    gpu.restore_numpy_aliases()
+    assert np.row_stack is np.vstack
+    kept = np.row_stack
+    gpu.restore_numpy_aliases()  # where the name exists it is left alone
+    assert np.row_stack is kept

@@ -24,9 +24,19 @@ def simulated() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
+def restore_numpy_aliases() -> None:
+    """NumPy's ``row_stack`` (an alias of ``vstack``) back where NumPy no longer has it. numba-cuda 0.30 registers an
+    overload for it when its CUDA typing first loads (``numba/cuda/np/arrayobj.py``), so without it no Numba-CUDA
+    kernel compiles: the first GPU check (NumPy 2.5.2, numba-cuda 0.30.4, an H200) failed every Numba-CUDA row with
+    "module 'numpy' has no attribute 'row_stack'". Only the missing name is added, naming the function it named."""
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
 @functools.lru_cache(maxsize=1)
 def numba_cuda():
     """Numba's CUDA module (from the numba-cuda package when installed), or None when no device can run it."""
+    restore_numpy_aliases()  # before Numba's CUDA typing loads
     try:
         from numba import cuda
     except ImportError:

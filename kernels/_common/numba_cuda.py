@@ -7,9 +7,11 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda
 
 from . import gpu
+
+gpu.restore_numpy_aliases()  # before Numba's CUDA typing loads (gpu.py)
+from numba import cuda  # noqa: E402
 
 ELEMENTWISE_THREADS = 256  # threads per block of the one-thread-per-element fill and cast
 
