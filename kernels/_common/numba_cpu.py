@@ -1,4 +1,5 @@
-"""What the Numba CPU kernels of every algorithm share: the CPU features Numba compiles for, bit casts between
+"""What the Numba CPU kernels of every algorithm share: the CPU features Numba compiles for, an array element's
+address for intrinsics that load vectors, bit casts between
 floats and integers (for building 2^r in the exponent bits and for rounding to float16), the CPU's own rounding to
 float16, and ``exp_row``, the branch-free exp over a row of scores that
 the flash kernel and SnapKV's window scores use (its measured effect is in ``kernels/attn/_numba_cpu.py``, v3 and
@@ -33,6 +34,19 @@ def target_features() -> set[str]:
     implies is not seen, which errs towards the portable code."""
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
     return {f[1:] for f in features.split(",") if f.startswith("+")}
+
+
+def is_c_array(a) -> bool:
+    """Whether a Numba type is a C-contiguous array (the intrinsics below and in ``kernels.int8`` index it flat)."""
+    return isinstance(a, types.Array) and a.layout == "C"
+
+
+def byte_address(context, builder, array_type, array, index_type, index):
+    """In an intrinsic's code generation: &array.flat[index] of a C-contiguous array, as an i8 pointer (no bounds
+    check: the callers' loops bound the index)."""
+    data = context.make_array(array_type)(context, builder, array).data
+    index = context.cast(builder, index, index_type, types.intp)
+    return builder.bitcast(builder.gep(data, [index]), ir.IntType(8).as_pointer())
 
 
 @intrinsic

@@ -53,7 +53,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .._common.numba_cpu import target_features
+from .._common.numba_cpu import byte_address, is_c_array, target_features
 from ._numba_cpu import GEMV_BN, QMAX, _dequantized, _gemv_prologue, _plus_outliers, _quantize_row
 
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512vnni")  # zmm registers, byte-masked loads, vpdpbusd
@@ -88,17 +88,6 @@ class _Int32x16Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VEC)
 
 
-def _address(context, builder, array_type, array, index_type, index):
-    """&array.flat[index] of a C-contiguous array, as an i8 pointer (no bounds check: the callers' loops bound it)."""
-    data = context.make_array(array_type)(context, builder, array).data
-    index = context.cast(builder, index, index_type, types.intp)
-    return builder.bitcast(builder.gep(data, [index]), ir.IntType(8).as_pointer())
-
-
-def _is_c_array(a):
-    return isinstance(a, types.Array) and a.layout == "C"
-
-
 def _splat(builder, value, vector_type):
     """``value`` in every lane of ``vector_type`` (an insert into lane 0, then a shuffle of lane 0 everywhere)."""
     undefined = ir.Constant(vector_type, None)
@@ -115,11 +104,11 @@ def vzero(typingctx):
 @intrinsic
 def vload(typingctx, array, index):
     """The 64 bytes from &array.flat[index] on (unaligned)."""
-    if not (_is_c_array(array) and isinstance(index, types.Integer)):
+    if not (is_c_array(array) and isinstance(index, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        p = byte_address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
         return builder.load(builder.bitcast(p, _VEC.as_pointer()), align=1)
 
     return int32x16(array, index), codegen
@@ -129,11 +118,11 @@ def vload(typingctx, array, index):
 def vload_first(typingctx, array, index, count):
     """The first ``count`` (< 64) bytes from &array.flat[index] on, zeros after them; nothing past them is read
     (a byte-masked load, AVX512-BW's ``vmovdqu8 {z}``)."""
-    if not (_is_c_array(array) and isinstance(index, types.Integer) and isinstance(count, types.Integer)):
+    if not (is_c_array(array) and isinstance(index, types.Integer) and isinstance(count, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        p = byte_address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
         n = builder.trunc(context.cast(builder, args[2], signature.args[2], types.int64), ir.IntType(8))
         lanes = ir.Constant(_BYTES, list(range(VECTOR_BYTES)))
         mask = builder.icmp_unsigned("<", lanes, _splat(builder, n, _BYTES))  # lane i loads when i < count
@@ -184,11 +173,11 @@ def vsum(typingctx, v):
 @intrinsic
 def load_int32(typingctx, array, index):
     """The 4 bytes from &array.flat[index] on, as one int32 (unaligned): a group of 4 k of one weight row."""
-    if not (_is_c_array(array) and isinstance(index, types.Integer)):
+    if not (is_c_array(array) and isinstance(index, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        p = byte_address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
         return builder.load(builder.bitcast(p, _I32.as_pointer()), align=1)
 
     return types.int32(array, index), codegen
@@ -201,7 +190,7 @@ def micro_tile(typingctx, x_u8, m0, panel, tile):
     x_u8 (M, 4·Kq) uint8, panel (Kq, NR) int32 (4 k of one output per int32), tile (MR, NR) int32. Unrolled at
     code generation: MR·NR/16 accumulators, each step of q loads the panel row's NR/16 vectors once and
     broadcasts one int32 per row of X against them. Rows past M repeat row M − 1 (their sums are not used)."""
-    if not (_is_c_array(x_u8) and _is_c_array(panel) and _is_c_array(tile) and isinstance(m0, types.Integer)):
+    if not (is_c_array(x_u8) and is_c_array(panel) and is_c_array(tile) and isinstance(m0, types.Integer)):
         return None
     n_vectors = NR // LANES
 
@@ -312,7 +301,7 @@ def plus_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_flat, fir
     panel's first byte, 4, 64) has its own, which reads a column's 16 weights in one load
     (``panels.plus_panel_outliers16``)."""
     arrays = (y, absmax_w, x_o, cols, w_flat)
-    if not (all(_is_c_array(a) for a in arrays) and w_flat.dtype == types.int8 and cols.dtype == types.int64
+    if not (all(is_c_array(a) for a in arrays) and w_flat.dtype == types.int8 and cols.dtype == types.int64
             and all(a.dtype == types.float32 for a in (y, absmax_w, x_o))
             and all(isinstance(i, types.Integer) for i in (n0, count, J, first, lane_stride, group_stride))):
         return None  # no typing: Numba raises its TypingError at compile time, where the codegen would misread
@@ -354,8 +343,8 @@ def dequantized16(typingctx, y, n0, count, sums, w_row_sums, absmax_w, scale):
     Why: written out per output, a panel's epilogue was 16 outputs' scalar loads, conversions and products beside
     its 144 ``vpdpbusd`` at K = 576, and a thread that streams its weights from DRAM reads only as far ahead as its
     instructions reach (``panels``, v2)."""
-    if not (_is_c_array(y) and y.dtype == types.float32 and _is_c_array(absmax_w) and absmax_w.dtype == types.float32
-            and _is_c_array(w_row_sums) and w_row_sums.dtype == types.int32 and sums == int32x16
+    if not (is_c_array(y) and y.dtype == types.float32 and is_c_array(absmax_w) and absmax_w.dtype == types.float32
+            and is_c_array(w_row_sums) and w_row_sums.dtype == types.int32 and sums == int32x16
             and isinstance(n0, types.Integer) and isinstance(count, types.Integer) and scale == types.float32):
         return None
 

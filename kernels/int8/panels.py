@@ -45,11 +45,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from .._common.numba_cpu import byte_address, is_c_array
 from .._common.prefetch import prefetch_rows
 from . import _vnni
 from ._numba_cpu import QMAX, _dequantized, round_to_float16
 from .rows import ROWS_AT_ONCE, int8_rows
-from ._vnni import (LANES, _address, _data, _I32, _is_c_array, _outlier_products, _splat, _VEC, _corrected,
+from ._vnni import (LANES, _data, _I32, _outlier_products, _splat, _VEC, _corrected,
                     dequantized16, int32x16, vadd, vdpbusd, vload, vzero)
 
 PANEL_ROWS = LANES  # rows of a panel: one output per int32 lane of a zmm register
@@ -87,11 +88,11 @@ def unpack(panels, N, K):
 @intrinsic
 def vsplat4(typingctx, array, index):
     """The 4 bytes from &array.flat[index] on (one int32, unaligned) in each of the 16 lanes."""
-    if not (_is_c_array(array) and isinstance(index, types.Integer)):
+    if not (is_c_array(array) and isinstance(index, types.Integer)):
         return None
 
     def codegen(context, builder, signature, args):
-        p = _address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
+        p = byte_address(context, builder, signature.args[0], args[0], signature.args[1], args[1])
         return _splat(builder, builder.load(builder.bitcast(p, _I32.as_pointer()), align=1), _VEC)
 
     return int32x16(array, index), codegen
@@ -109,7 +110,7 @@ def plus_panel_outliers16(typingctx, y, n0, count, absmax_w, x_o, cols, J, w_p, 
     with 16 byte loads per feature, that was 112 loads a panel for the outliers beside its 144 loads of weights at
     K = 576 (``_panels_vnni``)."""
     arrays = (y, absmax_w, x_o, cols, w_p)
-    if not (all(_is_c_array(a) for a in arrays) and w_p.dtype == types.int8 and cols.dtype == types.int64
+    if not (all(is_c_array(a) for a in arrays) and w_p.dtype == types.int8 and cols.dtype == types.int64
             and all(a.dtype == types.float32 for a in (y, absmax_w, x_o))
             and all(isinstance(i, types.Integer) for i in (n0, count, J, first))):
         return None
