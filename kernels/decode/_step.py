@@ -90,6 +90,11 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       two at 0.8. 2-vCPU AMD EPYC (Zen 4, KVM), SmolLM2's int8 + int8 head ``generate`` of 64 tokens, medians of
       five rounds, v12's tree and v13's in alternating fresh processes: 159.2 -> 192.4, 162.3 -> 191.9, 172.0 ->
       213.3 tokens/s without the outliers' column loads; with them 150.0 -> 194.5, 169.8 -> 190.8, 172.9 -> 178.2.
+  v14: where the target has AVX2 but not AVX512-VNNI, the int8 rows' products on ``vpmaddubsw`` in four streams
+      (``kernels.int8.rows._rows_avx2``) instead of LLVM's loop. 2-vCPU AMD EPYC (Zen 3, family 25 model 1, KVM),
+      SmolLM2's int8 + int8 head ``generate`` of 48 tokens, the tree before and after in alternating fresh
+      processes, two pairs of three rounds: 111.0-132.5 -> 177.4-196.7 tokens/s, 0.50-0.71 -> 0.76-0.87 of the
+      bound that the all-core read after each round sets (weight bytes / read).
 """
 from __future__ import annotations
 

@@ -21,6 +21,8 @@ Versions (2-core AMD EPYC (Zen 4) development machine):
       NumPy's float32 GEMV (5.4x; 45 GB/s of int8 weights; torch's dynamic int8 Linear 1.80 ms).
   v3: the portable fallback: where Numba's target CPU has AVX512-VNNI, ``_vnni`` runs the GEMM and the GEMV on
       ``vpdpbusd`` instead (steps 1-2 and the float epilogue of ``split_gemv`` are shared with it, below).
+  v4: elsewhere, where it has AVX2, ``split_gemv``'s row products run on ``vpmaddubsw`` (``_avx2``; the GEMM keeps
+      the loop: ``int8_gemm``'s callers may pass −128, which that instruction's sign trick cannot take).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._common.numba_cpu import as_float, as_int, round_half, target_features
+from . import _avx2
 
 QMAX = 127  # symmetric int8 range (LLM.int8() §3.1)
 # An int32 sum of K products, each at most 127², is exact while K <= floor((2^31 - 1) / 127²).
@@ -240,6 +243,26 @@ def _gemv_output(c, m, n, absmax_x, absmax_w, x_o, cols, w_i8_t):
     return _plus_outliers(_dequantized(c, m, n, absmax_x, absmax_w), m, n, absmax_w, x_o, cols, w_i8_t)
 
 
+@njit(inline="always")
+def _row_product_loop(x_i8, m, w_i8_t, n):
+    """Σ_k x_i8[m, k] · w_i8_t[n, k], exact in int32 (K <= MAX_EXACT_K)."""
+    acc = 0  # Numba types it int64; truncated once below, so LLVM sums in int32 lanes
+    for k in range(x_i8.shape[1]):
+        acc += np.int32(x_i8[m, k]) * np.int32(w_i8_t[n, k])
+    return np.int32(acc)
+
+
+@njit(inline="always")
+def _row_product_avx2(x_i8, m, w_i8_t, n):
+    """The same sum on ``vpmaddubsw`` (``_avx2.dot``; x_i8 from ``_quantize_row``, so no byte is −128)."""
+    K = x_i8.shape[1]
+    return _avx2.dot(x_i8, m * K, w_i8_t, n * K, K, 0)
+
+
+# v4: the product on AVX2 where the target has it (figures in ``rows``, whose loop takes the same product)
+_row_product = _row_product_avx2 if _avx2.AVAILABLE else _row_product_loop
+
+
 @njit(parallel=True, cache=True)
 def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
     """The whole split matmul for a few rows of float32 x (M, K) in one launch (decode, where five launches and a
@@ -258,7 +281,4 @@ def split_gemv(x, threshold, w_i8_t, absmax_w, y, flags):
     for block in prange((N + GEMV_BN - 1) // GEMV_BN):
         for n in range(block * GEMV_BN, min(block * GEMV_BN + GEMV_BN, N)):
             for m in range(M):
-                acc = 0  # Numba types it int64; truncated once below, so LLVM sums in 16 int32 lanes
-                for k in range(K):
-                    acc += np.int32(x_i8[m, k]) * np.int32(w_i8_t[n, k])
-                y[m, n] = _gemv_output(np.int32(acc), m, n, absmax_x, absmax_w, x_o, cols, w_i8_t)
+                y[m, n] = _gemv_output(_row_product(x_i8, m, w_i8_t, n), m, n, absmax_x, absmax_w, x_o, cols, w_i8_t)

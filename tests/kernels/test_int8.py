@@ -81,6 +81,98 @@ def test_both_dot_paths_give_identical_results(rng, monkeypatch, m, k, n):
     assert np.array_equal(layer(x), loop)  # the int32 sums are exact on both, the float epilogue is shared
 
 
+def _avx2_or_skip():
+    from kernels.int8 import _avx2
+
+    if not _avx2.AVAILABLE:
+        pytest.skip(f"Numba's target CPU lacks {', '.join(_avx2.REQUIRED_FEATURES)}: only the loop can run here")
+    return _avx2
+
+
+@pytest.mark.parametrize("k", [1, 31, 32, 33, 63, 64, 65, 96, 577, 2049])  # tails, one and two chains, K < 32
+@pytest.mark.parametrize("offset", [0, 128])  # int8 activations, or the offset bytes of the rows' buffer
+@pytest.mark.parametrize("values", ["random", "extremes"])
+def test_the_avx2_dot_product_is_exact(rng, k, offset, values):
+    from numba import njit
+
+    _avx2 = _avx2_or_skip()
+    if values == "random":
+        x = rng.integers(-127, 128, 3 * k, dtype=np.int8)  # the quantizer's range: |x| <= 127
+        w = rng.integers(-128, 128, 3 * k, dtype=np.int8)
+    else:  # every product at ±127·128, the largest |x · w| the sign trick takes
+        x = rng.choice(np.array([-127, 127], dtype=np.int8), 3 * k)
+        w = rng.choice(np.array([-128, 127], dtype=np.int8), 3 * k)
+    stored = (x.view(np.uint8) ^ 0x80) if offset else x  # x + 128, as rows.prepare stores it
+    dot = njit(lambda a, a0, b, b0, n, off: _avx2.dot(a, a0, b, b0, n, off))
+    # an inner slice at other offsets, so that loads start off a 32-byte boundary
+    got = dot(stored, k + 1, w, 2 * k - 1, k, offset)
+    assert got == x[k + 1:2 * k + 1].astype(np.int64) @ w[2 * k - 1:3 * k - 1].astype(np.int64)
+
+
+def test_the_avx2_dot_product_is_exact_at_the_largest_k():
+    from numba import njit
+
+    _avx2 = _avx2_or_skip()
+    k = int8.MAX_EXACT_K
+    x, w = np.full(k, -127, dtype=np.int8), np.full(k, -127, dtype=np.int8)
+    dot = njit(lambda a, b, n: _avx2.dot(a, 0, b, 0, n, 0))
+    assert dot(x, w, k) == 127 * 127 * k  # 2^31 − 1 − 2186: no lane or sum overflows
+
+
+def test_the_split_gemvs_row_products_agree(rng):
+    from numba import njit
+
+    from kernels.int8 import _numba_cpu
+
+    _avx2_or_skip()
+    x = rng.integers(-127, 128, (3, 1000), dtype=np.int8)
+    w = rng.integers(-128, 128, (37, 1000), dtype=np.int8)
+    oracle = (x.astype(np.int64) @ w.T.astype(np.int64)).tolist()  # (3, 37)
+    for product in (_numba_cpu._row_product_loop, _numba_cpu._row_product_avx2):
+        pairs = njit(lambda a, b: [[product(a, i, b, j) for j in range(b.shape[0])] for i in range(a.shape[0])])
+        assert pairs(x, w) == oracle
+
+
+# K: under one vector, a tail, whole vectors; N: fewer rows than four quarters, a remainder, several blocks of rows
+@pytest.mark.parametrize("k, n", [(20, 3), (33, 7), (576, 130), (1000, 37), (64, 1200)])
+@pytest.mark.parametrize("n_outliers", [0, 2])
+def test_the_avx2_rows_give_the_loops_outputs_bit_for_bit(rng, k, n, n_outliers):
+    from kernels.int8 import rows
+
+    _avx2_or_skip()
+    x, w, _ = planted_int8(rng, 1, k, n, n_outliers)
+    weight = Int8Weight.from_float(w)
+    flags, cols, x_o = np.empty(k, np.bool_), np.empty(k, np.int64), np.empty((1, k), np.float32)
+    x_u8, absmax_x = np.empty((1, rows.padded_k(k)), np.uint8), np.empty(1, np.float32)
+    J = rows.prepare(x, np.float32(6.0), flags, cols, x_o, x_u8, absmax_x)
+    assert J == n_outliers
+    for n0, n1 in ((0, n), (1, n - 1), (n // 3, n // 3 + 5)):  # the whole range, and ranges that start inside
+        y_loop, y_avx2 = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+        for kernel, y in ((rows._rows_loop, y_loop), (rows._rows_avx2, y_avx2)):
+            kernel(x_u8, J, cols, x_o, absmax_x, weight.w_i8, weight.absmax, weight.w_row_sums, y, n0, min(n1, n), 0)
+        assert np.array_equal(y_avx2, y_loop, equal_nan=True)  # NaN outside the range on both: nothing else written
+        assert not np.isnan(y_loop[n0:min(n1, n)]).any()
+
+
+def test_the_loop_path_runs_vpmaddubsw_where_the_target_has_avx2(rng):
+    from numba import njit
+
+    from kernels.int8 import _numba_cpu, rows
+
+    _avx2_or_skip()
+    k, n = 100, 30
+    x, w, _ = planted_int8(rng, 1, k, n, 1)
+    weight = Int8Weight.from_float(w)
+    flags, y = np.empty(k, np.bool_), np.empty(n, np.float32)
+    calls = [(_numba_cpu.split_gemv, (x, np.float32(6.0), weight.w_i8, weight.absmax, y[None], flags)),
+             (rows.gemv, (rows.path_marker(False), x, np.float32(6.0), weight.w_i8, weight.absmax, weight.w_row_sums,
+                          y, flags, 0))]  # the portable path of the rows
+    for kernel, args in calls:
+        fresh = njit(kernel.py_func)  # compiled here: Numba shows no assembly for cached code
+        fresh(*args)
+        assert "vpmaddubsw" in fresh.inspect_asm(fresh.signatures[0])
+
+
 def test_the_dot_product_path_runs_vpdpbusd(rng):
     from numba import njit
 
