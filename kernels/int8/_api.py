@@ -13,7 +13,7 @@ from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
 from .._common.threads import serial_if_small
-from . import _numba_cpu, _vnni, rows
+from . import _avx2, _numba_cpu, _vnni, rows
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
 
 GEMM_TASK = (32, 128)  # BM rows of X by BN rows of W per CPU task (measured: 32x128, 64x64, 128x32 within 5%)
@@ -199,6 +199,9 @@ def _int32_product(x_i8, w_i8, w_row_sums):
     out = np.empty((x_i8.shape[0], w_i8.shape[0]), dtype=np.int32)  # (M, N)
     if USE_VNNI:
         _vnni.gemm_i8(_vnni.offset_activations(x_i8), w_i8, w_row_sums, out)
+    elif _avx2.AVAILABLE and (x_i8.size == 0 or x_i8.min() > -128):  # vpmaddubsw's sign trick needs x >= −127
+        # (quantized activations always are; figures in _avx2, v2)
+        _avx2.gemm_i8(x_i8, w_i8, out, *GEMM_TASK)
     else:
         _numba_cpu.gemm_i8(x_i8, w_i8, out, *GEMM_TASK)
     return out

@@ -21,8 +21,9 @@ Versions (2-core AMD EPYC (Zen 4) development machine):
       NumPy's float32 GEMV (5.4x; 45 GB/s of int8 weights; torch's dynamic int8 Linear 1.80 ms).
   v3: the portable fallback: where Numba's target CPU has AVX512-VNNI, ``_vnni`` runs the GEMM and the GEMV on
       ``vpdpbusd`` instead (steps 1-2 and the float epilogue of ``split_gemv`` are shared with it, below).
-  v4: elsewhere, where it has AVX2, ``split_gemv``'s row products run on ``vpmaddubsw`` (``_avx2``; the GEMM keeps
-      the loop: ``int8_gemm``'s callers may pass −128, which that instruction's sign trick cannot take).
+  v4: elsewhere, where it has AVX2, ``split_gemv``'s row products run on ``vpmaddubsw`` (``_avx2``), and so does the
+      GEMM where no activation is −128, which that instruction's sign trick cannot take (``_api._int32_product``
+      checks; ``int8_gemm``'s callers may pass it, the quantizer never makes it): this loop runs there.
 """
 from __future__ import annotations
 

@@ -154,6 +154,33 @@ def test_the_avx2_rows_give_the_loops_outputs_bit_for_bit(rng, k, n, n_outliers)
         assert not np.isnan(y_loop[n0:min(n1, n)]).any()
 
 
+@pytest.mark.parametrize("m, k, n", GEMM_SHAPES)
+def test_the_avx2_gemm_is_exact(rng, m, k, n):
+    from kernels.int8 import _api
+
+    _avx2 = _avx2_or_skip()
+    a = rng.integers(-127, 128, (m, k), dtype=np.int8)  # within ±127: the vpmaddubsw product
+    b = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    out = np.empty((m, n), dtype=np.int32)
+    _avx2.gemm_i8(a, b, out, *_api.GEMM_TASK)
+    assert np.array_equal(out, a.astype(np.int64) @ b.T.astype(np.int64))
+
+
+def test_int8_gemm_takes_the_loop_where_an_activation_is_minus_128(rng, monkeypatch):
+    from kernels.int8 import _api
+
+    _avx2 = _avx2_or_skip()
+    monkeypatch.setattr(_api, "USE_VNNI", False)
+    calls = []
+    original = _avx2.gemm_i8
+    monkeypatch.setattr(_avx2, "gemm_i8", lambda *args: calls.append(1) or original(*args))
+    a = rng.integers(-127, 128, (9, 100), dtype=np.int8)
+    b = np.full((7, 100), -128, dtype=np.int8)  # where x = −128 too, x · sign(w) wraps: the sign trick fails
+    assert np.array_equal(int8_gemm(a, b), a.astype(np.int64) @ b.T.astype(np.int64)) and calls == [1]
+    a[4, 17] = -128
+    assert np.array_equal(int8_gemm(a, b), a.astype(np.int64) @ b.T.astype(np.int64)) and calls == [1]
+
+
 def test_the_loop_path_runs_vpmaddubsw_where_the_target_has_avx2(rng):
     from numba import njit
 

@@ -120,13 +120,20 @@ def test_a_dense_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_th
     assert_close(y, ref, np.float32, scale=np.abs(ref).max())  # a matmul: the tolerance of its largest sum
 
 
+def _gemm_module():
+    """The module whose ``gemm_i8`` computes an int8 product of activations within ±127 on this target."""
+    if int8_api.USE_VNNI:
+        return int8_api._vnni
+    return int8_api._avx2 if int8_api._avx2.AVAILABLE else int8_api._numba_cpu
+
+
 def test_int8_matmul_runs_its_small_passes_on_one_thread_and_its_gemm_on_the_pool(rng, monkeypatch, two_threads):
     product = int8_api._vnni if int8_api.USE_VNNI else int8_api._numba_cpu
     x = rng.standard_normal((128, 1024), dtype=np.float32)  # 131 072 elements
     x[:, [5, 600]] *= 30  # two outlier features
     w = int8.Int8Linear.from_float(rng.standard_normal((1024, 1024), dtype=np.float32)).weight  # 2^27 multiply-adds
     seen = {name: _threads_inside(monkeypatch, module, name) for module, name in
-            ((int8_api._numba_cpu, "outlier_flags"), (product, "quantize_rows"), (product, "gemm_i8"),
+            ((int8_api._numba_cpu, "outlier_flags"), (product, "quantize_rows"), (_gemm_module(), "gemm_i8"),
              (int8_api._numba_cpu, "add_outlier_product"))}
     y = int8.int8_matmul(x, w)
     assert seen == {"outlier_flags": [1], "quantize_rows": [1], "gemm_i8": [2], "add_outlier_product": [1]}
@@ -149,8 +156,7 @@ def test_quantizing_a_weight_runs_small_weights_on_one_thread(rng, monkeypatch, 
 
 
 def test_int8_gemm_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
-    module = int8_api._vnni if int8_api.USE_VNNI else int8_api._numba_cpu
-    seen = _threads_inside(monkeypatch, module, "gemm_i8")
+    seen = _threads_inside(monkeypatch, _gemm_module(), "gemm_i8")
     seen_sums = _threads_inside(monkeypatch, int8_api._vnni, "row_sums")
     x_i8 = rng.integers(-127, 128, size=(5, 70), dtype=np.int8)
     w_i8 = rng.integers(-127, 128, size=(30, 70), dtype=np.int8)  # 10 500 multiply-adds
