@@ -89,7 +89,7 @@ def test_int8_linear(benchmark, machine_peaks, record, monkeypatch, impl, shape_
     if impl != "numpy-float32":
         ratio = _interleaved_ratio(fn, numpy_float32, x, rounds)
         row.update({"vs_numpy": f"{ratio:.2f}x", "target": f">={TARGET[shape_name]:.0f}x" if impl == "int8" else "",
-                    "path": "vpdpbusd" if int8_api.USE_VNNI else "loop", "cpu": cpu_model()})
+                    "path": int8_api.product_path(), "cpu": cpu_model()})
     record(row)
 
 
@@ -148,6 +148,6 @@ def test_gemv_streamed_as_in_decode(benchmark, record, machine_peaks, shape):
             row.update({"vs_numpy": f"{medians['numpy-float32'] / medians['int8']:.2f}x",
                         # issue 17's 3x at 8192²; issue 13's "never slower than NumPy's float32" at 2048²
                         "target": f">={TARGET['gemv']:.0f}x" if shape == GEMV else ">=1x",
-                        "path": "vpdpbusd" if int8_api.USE_VNNI else "loop",
+                        "path": int8_api.product_path(),
                         "cpu": cpu_model()})
         record(row)

@@ -100,7 +100,7 @@ def test_decode_tokens_per_second(benchmark, read_buffer, record, linear, quanti
            "of_bound": f"{of_bound:.2f}", "read_GB/s": _spread(reads),
            "weights_read_GB/s": _spread(weights_read), "of_weights_read": f"{of_weights_read:.2f}",
            "rounds_tokens/s": "/".join(f"{r:.1f}" for r in rates),
-           "int8_path": ("vpdpbusd" if int8_api.USE_VNNI else "loop") if linear == "int8" else "",
+           "int8_path": int8_api.product_path() if linear == "int8" else "",
            "cpu": f"{cpu_model()} x{os.cpu_count()}"}
     if linear != "fp32" and FP32:
         row.update({"prefill_vs_fp32": f"{prefill_tokens_per_s / FP32['prefill']:.2f}x",
@@ -157,7 +157,7 @@ def test_int8_head_against_fp32_decode_in_turn(benchmark, record):
             "of_medians": f"{np.median(rates['int8-head']) / np.median(rates['fp32']):.2f}x",
             "prefill_int8_vs_fp32": f"{np.median(prefill_ratios):.2f}x (rounds {min(prefill_ratios):.2f}-"
                                     f"{max(prefill_ratios):.2f}x, {PREFILL_TOKENS} tokens)",
-            "int8_path": "vpdpbusd" if int8_api.USE_VNNI else "loop", "cpu": f"{cpu_model()} x{os.cpu_count()}"})
+            "int8_path": int8_api.product_path(), "cpu": f"{cpu_model()} x{os.cpu_count()}"})
 
 
 @pytest.mark.parametrize("prompt_tokens", [1024, 4096])

@@ -194,6 +194,15 @@ def int8_gemm(x_i8, w_i8):
         return _int32_product(np.ascontiguousarray(x_i8), w_i8, w_row_sums)
 
 
+def product_path() -> str:
+    """The instructions the CPU's int8 products take now: "vpdpbusd" (AVX512-VNNI, ``_vnni``), "vpmaddubsw" (AVX2,
+    ``_avx2``; a GEMM whose activations hold −128 takes the loop) or "loop" (LLVM's vectorization of the plain
+    loop); for benchmark and report rows."""
+    if USE_VNNI:
+        return "vpdpbusd"
+    return "vpmaddubsw" if _avx2.AVAILABLE else "loop"
+
+
 def _int32_product(x_i8, w_i8, w_row_sums):
     """(M, N) int32 = x_i8 (M, K) · w_i8ᵀ, on vpdpbusd (with the weights' row sums) or the portable loop."""
     out = np.empty((x_i8.shape[0], w_i8.shape[0]), dtype=np.int32)  # (M, N)

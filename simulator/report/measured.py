@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 import kernels
+from kernels import int8
 from kernels.cpuinfo import cache_sizes, cpu_model
 from kernels.attn import default_blocks
 
@@ -94,7 +95,8 @@ def machine_section(ctx: RunContext) -> Section:
             {"property": "numba_threads", "value": pool["threads"]},
             {"property": "threading_layer", "value": pool["threading_layer"]},
             {"property": "wait_policy", "value": pool["wait_policy"]},
-            {"property": "steer_workers", "value": pool["steer_workers"]}]
+            {"property": "steer_workers", "value": pool["steer_workers"]},
+            {"property": "int8_products", "value": int8.product_path()}]
     rows += [{"property": f"{level}_bytes", "value": size} for level, size in sorted(cache_sizes().items())]
     rows += [{"property": "dram_triad_gb_per_s", "value": f"{cpu.hbm_bandwidth / 1e9:.1f}"},
              {"property": "l2_triad_gb_per_s", "value": f"{cpu.sram_bandwidth / 1e9:.1f}"},
@@ -109,8 +111,9 @@ def machine_section(ctx: RunContext) -> Section:
             f"STREAM-style triad on all cores (32 bytes moved per element, write-allocate included), peak FLOP/s "
             f"from a 2048³ sgemm, and one core's L2 as the \"SRAM\" of the flash tiles. The kernels ran on "
             f"{pool['threads']} Numba threads ({pool['threading_layer']} layer, wait policy "
-            f"{pool['wait_policy']}). The per-phase rates below them (``simulator.costs.phases``) were measured at "
-            f"the start of this run in {rates.calibration_s:.1f} s: what one core reaches in NumPy's passes "
+            f"{pool['wait_policy']}; int8 products on {int8.product_path()}). The per-phase rates below them "
+            f"(``simulator.costs.phases``) were measured at the start of this run in {rates.calibration_s:.1f} s: "
+            f"what one core reaches in NumPy's passes "
             f"(from the cache and from DRAM), the kernels' matmuls and exps on all threads, and the fixed cost of "
             f"one call; the effective last-level cache is where one core's read rate falls half-way to DRAM's.\n\n"
             f"| property | value |\n|---|---|\n{table}\n\nData: [machine.csv](machine.csv)\n")

@@ -181,6 +181,17 @@ def test_int8_gemm_takes_the_loop_where_an_activation_is_minus_128(rng, monkeypa
     assert np.array_equal(int8_gemm(a, b), a.astype(np.int64) @ b.T.astype(np.int64)) and calls == [1]
 
 
+def test_the_product_path_names_what_runs(monkeypatch):
+    from kernels.int8 import _api, _avx2
+
+    monkeypatch.setattr(_api, "USE_VNNI", True)
+    assert int8.product_path() == "vpdpbusd"
+    monkeypatch.setattr(_api, "USE_VNNI", False)
+    assert int8.product_path() == ("vpmaddubsw" if _avx2.AVAILABLE else "loop")
+    monkeypatch.setattr(_avx2, "AVAILABLE", not _avx2.AVAILABLE)
+    assert int8.product_path() == ("vpmaddubsw" if _avx2.AVAILABLE else "loop")
+
+
 def test_the_loop_path_runs_vpmaddubsw_where_the_target_has_avx2(rng):
     from numba import njit
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernels
+from kernels import int8
 from simulator import calibrate, hardware, report
 from simulator.cli import main
 from simulator.report import RunContext, Section, build_report, measured, read_csv
@@ -72,6 +73,8 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec,
     for png in out.glob("*.png"):
         width, height = _png_size(png)
         assert width >= 300 and height >= 200 and png.stat().st_size > 10_000
+    machine = {r["property"]: r["value"] for r in read_csv(out / "machine.csv")}
+    assert machine["int8_products"] == int8.product_path()  # which instructions the int8 rows were measured on
     rows = read_csv(out / "attention_cpu.csv")
     assert {(r["algorithm"], r["causal"], r["n"]) for r in rows} == {
         (a, c, n) for a in ("standard", "flash") for c in ("False", "True") for n in ("64", "512")}
