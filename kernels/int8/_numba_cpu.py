@@ -260,7 +260,7 @@ def _row_product_avx2(x_i8, m, w_i8_t, n):
     return _avx2.dot(x_i8, m * K, w_i8_t, n * K, K, 0)
 
 
-# v4: the product on AVX2 where the target has it (figures in ``rows``, whose loop takes the same product)
+# v4: the product on AVX2 where the target has it (figures in ``_avx2``, v1)
 _row_product = _row_product_avx2 if _avx2.AVAILABLE else _row_product_loop
 
 

@@ -116,7 +116,7 @@ def test_the_avx2_dot_product_is_exact_at_the_largest_k():
     k = int8.MAX_EXACT_K
     x, w = np.full(k, -127, dtype=np.int8), np.full(k, -127, dtype=np.int8)
     dot = njit(lambda a, b, n: _avx2.dot(a, 0, b, 0, n, 0))
-    assert dot(x, w, k) == 127 * 127 * k  # 2^31 − 1 − 2186: no lane or sum overflows
+    assert dot(x, w, k) == 127 * 127 * k  # 2^31 − 1 − 4071: no lane or sum overflows
 
 
 def test_the_split_gemvs_row_products_agree(rng):
