@@ -63,7 +63,70 @@ def _flash_kernel(dtype: str, d: int, device: int):
     return kernel, shared_bytes
 
 
+def restore_nonfinite_v(xp, o, v, causal: bool):
+    """o (B, Hq, Nq, d) float32, computed from v (B, Hkv, Nk, d) float32 with its non-finite elements zeroed;
+    returns o as the oracle has it for v itself (``kernels.attention``'s NaN contract). ``xp`` is the array module
+    (CuPy here; NumPy in the CPU tests).
+
+    Why: the kernels multiply a masked score's weight, 0, by every value row of a key tile (the tensor-core P·V
+    of ``flash_forward``, cuBLAS's P·V of ``standard_forward``), and 0 · NaN = NaN, so a non-finite v row reached
+    the rows of its tile that do not see its key (first GPU check, H200: 144 NaN rows against the oracle's 140 at
+    N = 200).
+    Run on the zeroed v instead, each output element needs only which non-finite values its row sees: a weight
+    p > 0 times NaN is NaN and times ±inf is ±inf, which no finite sum undoes; +inf and −inf together give NaN. A
+    weight of exactly 0 on a visible key (a score more than ~745 below the row's maximum, where float64 underflows)
+    would give the oracle NaN against ±inf here. An element already NaN (a NaN in q or k) stays NaN."""
+    B, Hkv, Nk, d = v.shape
+    Hq, Nq = o.shape[1], o.shape[2]
+    bad = xp.flatnonzero(~xp.isfinite(v).all(axis=(0, 1, 3)))  # (J,) keys with a non-finite value in any head
+    if bad.size == 0:
+        return o
+    v_bad = v[:, :, bad, :]  # (B, Hkv, J, d)
+    rows = xp.arange(Nq)[:, None]  # (Nq, 1)
+    sees = (bad[None, :] <= rows + (Nk - Nq)) if causal else xp.ones((Nq, bad.size), dtype=bool)  # (Nq, J)
+    sees = sees.astype(xp.float32)
+
+    def reached(mask):  # (B, Hq, Nq, d): the row sees at least one key whose value there is ``mask``
+        hits = xp.matmul(sees, mask.astype(xp.float32)) > 0  # (B, Hkv, Nq, d)
+        return xp.repeat(hits, Hq // Hkv, axis=1)  # each kv head's rows for its group of query heads
+
+    nan = reached(xp.isnan(v_bad))
+    pos, neg = reached(xp.isinf(v_bad) & (v_bad > 0)), reached(xp.isinf(v_bad) & (v_bad < 0))
+    out = xp.where(pos, xp.float32(np.inf), o)
+    out = xp.where(neg, xp.float32(-np.inf), out)
+    return xp.where(nan | (pos & neg) | xp.isnan(o), xp.float32(np.nan), out)
+
+
+def _with_nonfinite_v(forward, q, k, v, scale, causal, dtype, **options):
+    """``forward`` (flash_forward or standard_forward), with the non-finite values of v put back by
+    ``restore_nonfinite_v`` where a leak is possible: causal with more than one query row (without the mask every
+    row sees every key; one query row sees them all). The check costs a pass over o and, only where o holds a
+    non-finite value, one over v."""
+    cupy = _cupy.require_cupy()
+    o, lse = forward(q, k, v, scale, causal, dtype, **options)
+    if not causal or q.shape[2] < 2 or o.size == 0 or bool(cupy.isfinite(_as_float(o, dtype)).all()):
+        return o, lse
+    v_float = _as_float(v, dtype)
+    finite = cupy.isfinite(v_float)
+    if bool(finite.all()):
+        return o, lse
+    o, lse = forward(q, k, cupy.where(finite, v, cupy.zeros((), dtype=v.dtype)), scale, causal, dtype, **options)
+    o_float = restore_nonfinite_v(cupy, _as_float(o, dtype), v_float, causal)
+    return (to_bfloat16_bits(o_float) if dtype == "bfloat16" else o_float.astype(o.dtype)), lse
+
+
+def _as_float(x, dtype):
+    """A float16 CuPy array, or the uint16 bits of bfloat16 ones, as float32."""
+    return from_bfloat16_bits(x) if dtype == "bfloat16" else x.astype(_cupy.require_cupy().float32)
+
+
 def flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16", n_splits: int | None = None):
+    """FlashAttention-2 on the tensor cores (``_flash_forward``), a non-finite v kept to the rows that see it
+    (``_with_nonfinite_v``)."""
+    return _with_nonfinite_v(_flash_forward, q, k, v, scale, causal, dtype, n_splits=n_splits)
+
+
+def _flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16", n_splits: int | None = None):
     """FlashAttention-2 on CuPy arrays q (B, Hq, Nq, d), k, v (B, Hkv, Nk, d), C-contiguous, float16 (or uint16
     bfloat16 bits with ``dtype="bfloat16"``); returns (o like q, lse float32 (B, Hq, Nq)). ``n_splits`` forces
     the number of key splits (1: no split); by default ``split_count`` picks it."""
@@ -105,6 +168,12 @@ def flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16", n
 
 
 def standard_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16"):
+    """The standard algorithm on CuPy (``_standard_forward``), a non-finite v kept to the rows that see it
+    (``_with_nonfinite_v``)."""
+    return _with_nonfinite_v(_standard_forward, q, k, v, scale, causal, dtype)
+
+
+def _standard_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16"):
     """S = Q Kᵀ (cuBLAS), P = softmax(S) in place (the CUDA C kernel), O = P V (cuBLAS), on float16 CuPy arrays;
     S is B·Hq·Nq·Nk elements of device memory, refused before allocation when the device has less free."""
     cupy = _cupy.require_cupy()

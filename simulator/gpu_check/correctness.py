@@ -67,9 +67,10 @@ def _attention(tier, algorithm, dtype, B, Hq, Hkv, Nq, Nk, d, causal, n_splits=N
                 columns={"tier": tier, "kernel": f"attention {algorithm}", "dtype": dtype})
 
 
-def _nan_contract(nan_in, n_splits):
-    """kernels.attention's NaN contract on the CUDA C kernel: a NaN in row j of q (k, v) makes NaN exactly the
-    output rows that see it, as in the oracle; checked unsplit and split, since the split path merges rows."""
+def _nan_contract(nan_in, algorithm, n_splits=None):
+    """kernels.attention's NaN contract on the CUDA C tier: a NaN in row j of q (k, v) makes NaN exactly the
+    output rows that see it, as in the oracle; the flash kernel unsplit and split (the split path merges rows), and
+    the standard algorithm, whose P·V is cuBLAS's."""
     B, Hq, Hkv, N, d = 1, 2, 1, 200, 64
 
     def run():
@@ -81,15 +82,20 @@ def _nan_contract(nan_in, n_splits):
         rng = np.random.default_rng([SEED, 7])
         q, k, v = (rng.standard_normal((B, h, N, d)).astype(np.float16) for h in (Hq, Hkv, Hkv))
         {"q": q, "k": k, "v": v}[nan_in][0, 0, 130, 5] = np.nan
-        o, _ = tier2.flash_forward(*(cupy.asarray(x) for x in (q, k, v)), 1 / math.sqrt(d), True, n_splits=n_splits)
+        arrays = (cupy.asarray(x) for x in (q, k, v))
+        if algorithm == "standard":
+            o, _ = tier2.standard_forward(*arrays, 1 / math.sqrt(d), True)
+        else:
+            o, _ = tier2.flash_forward(*arrays, 1 / math.sqrt(d), True, n_splits=n_splits)
         got, ref = np.isnan(cupy.asnumpy(o)).any(axis=-1), np.isnan(reference(q, k, v, causal=True)).any(axis=-1)
         diff = int(np.count_nonzero(got != ref))
         return {"max_abs_error": f"{diff} rows' NaN differ ({int(got.sum())} NaN rows, oracle {int(ref.sum())})",
                 "bound": "exact", "status": "passed" if diff == 0 else "failed"}
 
-    return Case(name=f"NaN in {nan_in}, n_splits={n_splits}", size=f"B={B} Hq={Hq} Hkv={Hkv} N={N} d={d} causal",
-                run=run, needs=("cupy",), estimate_s=attention_case_s(B, Hq, N, N, d, low_precision=False),
-                columns={"tier": "cupy", "kernel": f"attention flash, NaN in {nan_in}", "dtype": "float16"})
+    return Case(name=f"NaN in {nan_in}, {algorithm}" + (f", n_splits={n_splits}" if n_splits else ""),
+                size=f"B={B} Hq={Hq} Hkv={Hkv} N={N} d={d} causal", run=run, needs=("cupy",),
+                estimate_s=attention_case_s(B, Hq, N, N, d, low_precision=False),
+                columns={"tier": "cupy", "kernel": f"attention {algorithm}, NaN in {nan_in}", "dtype": "float16"})
 
 
 def _int8_split(tier, M, K, N, n_outliers, keep_fp16):
@@ -210,7 +216,8 @@ def cases(quick: bool) -> list[Case]:
         _attention("cupy", "flash", "bfloat16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=1),
         _attention("cupy", "flash", "float16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=5),  # 5 splits
         _attention("cupy", "standard", "float16", 1, 4, 2, n // 2, n // 2, 64, True),
-        *[_nan_contract(where, splits) for where in ("q", "k", "v") for splits in (1, 3)],
+        *[_nan_contract(where, "flash", splits) for where in ("q", "k", "v") for splits in (1, 3)],
+        *[_nan_contract(where, "standard") for where in ("q", "k", "v")],
         _int8_split("cupy", M, K, N, 5, False),
         _int8_split("cupy", 70, 200, 100, 3, True),
         _int8_gemm_exact(M, K, N),
