@@ -191,6 +191,36 @@ def test_the_gpu_tiers_repair_of_a_nonfinite_v_matches_the_oracle(rng, values, n
     assert not finite.all()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_gpu_tiers_forward_wrapper_repairs_a_leaking_forward(rng, monkeypatch, dtype, causal):
+    # _with_nonfinite_v around a stand-in forward that leaks as the kernels do (P·V as a plain matmul, masked
+    # weights 0 times NaN), NumPy standing in for CuPy: the oracle's NaN rows come back, the finite ones unchanged
+    from kernels.attn import _cupy as tier2
+
+    monkeypatch.setattr(tier2._cupy, "require_cupy", lambda: np)
+
+    def leaky(q, k, v, scale, causal, dtype):
+        qf, kf, vf = (tier2._as_float(x, dtype) for x in (q, k, v))
+        s = scale * qf @ np.swapaxes(kf, -1, -2)  # (B, H, Nq, Nk)
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool), s.shape[-1] - s.shape[-2]), s, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        o = (p / p.sum(axis=-1, keepdims=True)) @ vf  # 0 · NaN = NaN in every row
+        return (tier2.to_bfloat16_bits(o) if dtype == "bfloat16" else o.astype(np.float16)), None
+
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float32) for _ in range(3))
+    v[0, 1, 30, 2] = np.nan
+    as_input = (lambda x: tier2.to_bfloat16_bits(x)) if dtype == "bfloat16" else (lambda x: x.astype(np.float16))
+    o, _ = tier2._with_nonfinite_v(leaky, *(as_input(x) for x in (q, k, v)), 0.25, causal, dtype)
+    got = tier2._as_float(o, dtype)
+    ref = reference(*(tier2._as_float(as_input(x), dtype) for x in (q, k, v)), causal=causal, scale=0.25)
+    assert np.array_equal(np.isnan(got).any(axis=-1), np.isnan(ref).any(axis=-1))
+    assert np.isnan(got).any(axis=-1).sum() == (10 if causal else 40)  # rows 30..39 of head 1, or all of head 1
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], atol=2e-2)  # the stand-in's float16/bfloat16 rounding
+
+
 def _edge_inputs(rng, case, nq, nk):
     """Inputs for the NaN/±inf/extreme-scale contract: (q, k, v, scale)."""
     q = rng.standard_normal((1, 4, nq, 16)).astype(np.float32)
