@@ -31,7 +31,7 @@ INTROS = {
                   "inputs rotated past 4 × L2. TFLOP/s = 4·Nq·Nk·d·B·H / t over the visible pairs (attention), "
                   "2·M·N·K / t (matmuls); GB/s = K and V bytes / t (decode).",
     "sanitizer": "compute-sanitizer on `python -m simulator.gpu_probe PROBE --small --no-pool`; a run counts only "
-                 "with the probe's completion line and the tool's ERROR SUMMARY.",
+                 "with the probe's completion line and the tool's summary line (ERROR SUMMARY, RACECHECK SUMMARY).",
     "dram_bytes": "ncu --clock-control none --cache-control all, dram__bytes_read.sum + dram__bytes_write.sum over "
                   "the probe's kernels, beside the cost model's H200 prediction.",
 }

@@ -104,12 +104,27 @@ def test_an_ncu_that_hangs_is_stopped_at_its_limit(tmp_path, monkeypatch):
     ("========= Invalid __global__ read of size 2\n{c}\n========= ERROR SUMMARY: 3 errors\n", 1, "failed"),
     ("Traceback (most recent call last):\n========= ERROR SUMMARY: 0 errors\n", 1, "error"),
     ("{c}\n========= ERROR SUMMARY: 0 errors\n", 139, "failed"),
+    # racecheck's own summary, as the first GPU check's H200 printed it
+    ("{c}\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n", 0, "passed"),
+    ("========= Error: Race reported between Write access at ioaware::softmax_rows\n{c}\n"
+     "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n", 1, "failed"),
+    ("{c}\nRACECHECK finished\n", 0, "not run"),
 ])
 def test_sanitizer_verdicts(output, returncode, status):
     probes = ("int8", "snapkv")
     text = output.replace("{c}", "\n".join(COMPLETION.format(case=p) for p in probes))
     row = sanitizers.judge(probes, _runner.ToolRun(returncode, text, ""))
     assert row["status"] == status and row["tool_rc"] == returncode
+
+
+def test_a_failed_sanitizer_run_says_what_the_tool_found():
+    probes = ("int8",)
+    text = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ read of size 4 bytes\n"
+            "=========     at kernel_x+0x40\n========= Invalid __global__ read of size 4 bytes\n"
+            + COMPLETION.format(case="int8") + "\nwarn(NumbaPerformanceWarning)\n========= ERROR SUMMARY: 2 errors\n")
+    row = sanitizers.judge(probes, _runner.ToolRun(1, text, ""))
+    assert row["status"] == "failed" and row["errors"] == 2
+    assert row["note"].startswith("Invalid __global__ read of size 4 bytes / at kernel_x+0x40 / ")
 
 
 def test_the_ncu_parser_sums_the_kernels_and_skips_the_units_row():
