@@ -100,19 +100,29 @@ def restore_nonfinite_v(xp, o, v, causal: bool):
 def _with_nonfinite_v(forward, q, k, v, scale, causal, dtype, **options):
     """``forward`` (flash_forward or standard_forward), with the non-finite values of v put back by
     ``restore_nonfinite_v`` where a leak is possible: causal with more than one query row (without the mask every
-    row sees every key; one query row sees them all). The check costs a pass over o and, only where o holds a
-    non-finite value, one over v."""
+    row sees every key; one query row, as in decode, sees them all). The check costs a pass over o (B·Hq·Nq·d
+    elements, which the kernel has just written) and a wait for its answer; only where o holds a non-finite value,
+    a pass over v and a second run. Not yet timed on a GPU."""
     cupy = _cupy.require_cupy()
     o, lse = forward(q, k, v, scale, causal, dtype, **options)
-    if not causal or q.shape[2] < 2 or o.size == 0 or bool(cupy.isfinite(_as_float(o, dtype)).all()):
+    if not causal or q.shape[2] < 2 or o.size == 0 or bool(_finite(o, dtype).all()):
         return o, lse
-    v_float = _as_float(v, dtype)
-    finite = cupy.isfinite(v_float)
+    finite = _finite(v, dtype)
     if bool(finite.all()):
         return o, lse
     o, lse = forward(q, k, cupy.where(finite, v, cupy.zeros((), dtype=v.dtype)), scale, causal, dtype, **options)
-    o_float = restore_nonfinite_v(cupy, _as_float(o, dtype), v_float, causal)
+    o_float = restore_nonfinite_v(cupy, _as_float(o, dtype), _as_float(v, dtype), causal)
     return (to_bfloat16_bits(o_float) if dtype == "bfloat16" else o_float.astype(o.dtype)), lse
+
+
+BFLOAT16_EXPONENT = 0x7F80  # bfloat16's 8 exponent bits, all ones for ±inf and NaN (IEEE 754 binary32's top half)
+
+
+def _finite(x, dtype):
+    """Elementwise: x is finite, for a float16 CuPy array or the uint16 bits of a bfloat16 one (no float copy)."""
+    if dtype == "bfloat16":
+        return (x & BFLOAT16_EXPONENT) != BFLOAT16_EXPONENT
+    return _cupy.require_cupy().isfinite(x)
 
 
 def _as_float(x, dtype):
