@@ -3,8 +3,8 @@ vector into buffers the caller owns, and ``int8_rows`` computes any range of out
 run on ``vpdpbusd``, the fused decode step reads its weights in panels instead, ``kernels.int8.panels``, from the
 same prepared buffers). Run one after the other they give what ``Int8Linear`` gives for one row of x (weights kept
 in int8 only), bit for bit: the outlier scan, the rounding and the float epilogue are ``split_gemv``'s own code
-(``_numba_cpu``; on the ``vpdpbusd`` path the outlier products run 16 outputs at a time, ``_vnni.plus_outliers16``,
-with the same operations in each lane), and the int32 products are exact on either path.
+(``_numba_cpu``; on the ``vpdpbusd`` and ``vpmaddubsw`` paths the outlier products run 16 outputs at a time,
+``_vnni.plus_outliers16``, with the same operations in each lane), and the int32 products are exact on every path.
 
 The int32 products take the offset form of ``_vnni`` on both paths: Σ_k x·w = Σ_k (x + 128)·w − 128·Σ_k w, from
 the unsigned activations and the weight's row sums, so one prepared buffer serves both (where the target has AVX2 the
@@ -26,7 +26,7 @@ from numba.extending import overload
 from .._common.prefetch import prefetch_rows, row_prefetch_rows
 from ..cpuinfo import cpu_vendor
 from . import _avx2
-from ._numba_cpu import _dequantized, _gemv_output, _outlier_columns, _plus_outliers, _quantize_row, round_to_float16
+from ._numba_cpu import F16C, _dequantized, _gemv_output, _outlier_columns, _quantize_row, round_to_float16
 from ._vnni import (LANES, OFFSET, VECTOR_BYTES, _corrected, _dot_row, _offset_row, plus_outliers16, vdpbusd, vload,
                     vload_first, vsum, vzero)
 
@@ -140,12 +140,17 @@ def _rows_vnni(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
 def _rows_avx2(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
     """``_rows_vnni``'s schedule (four rows at once, one from each quarter of the range; a block's outputs finished
     after its products) with the products on ``vpmaddubsw`` (``_avx2``): the sums are Σ x·w themselves (the offset
-    bytes flipped back), the last K mod 32 bytes of each row summed one by one, the outlier products scalar.
+    bytes flipped back), the last K mod 32 bytes of each row summed one by one, the outlier products 16 outputs at
+    a time as there (``_vnni.plus_outliers16``: LLVM's generic vectors, two ymm registers per 16 lanes here).
 
     Four streams against one row at a time (``_avx2.dot`` per row), 2-vCPU AMD EPYC (Zen 3, KVM), 256 MiB of int8
     rows from DRAM, the products alone, best of 3, four rounds in turn with a plain all-core read
     (``simulator.calibrate.read_once``): K = 576 on two threads 20.1-27.9 -> 28.5-32.4 GB/s (read 28.6-30.3), on
-    one 16.7-17.3 -> 23.2-24.4 (read 20.9-21.5); K = 1536 on two 22.5-28.7 -> 28.0-30.6 (read 28.2-30.8)."""
+    one 16.7-17.3 -> 23.2-24.4 (read 20.9-21.5); K = 1536 on two 22.5-28.7 -> 28.0-30.6 (read 28.2-30.8). The
+    outlier products on 16 lanes against the scalar ``_plus_outliers``: SmolLM2's int8 head (49152 × 576) on one
+    thread, fresh processes in turn, three rounds of 30 calls, their time beyond the call without outliers: seven
+    outlier features 0.47-0.59 -> 0.35-0.39 ms, three 0.26-0.32 -> 0.20-0.27 (the whole decode step: within its
+    noise)."""
     outlier_x, outlier_cols = x_o[:, :J], cols[:J]  # views made once (see _rows_vnni)
     K, flat = w_i8.shape[1], w_i8.reshape(-1)
     sums = y.view(np.int32)  # a block's int32 sums, then its outputs in their place
@@ -183,8 +188,9 @@ def _rows_avx2(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, 
         for r in range(ROWS_AT_ONCE):  # the block's outputs, their weights still in L2 for the outlier products
             for m in range(b0 + r * q, b1 + r * q):
                 y[m] = _dequantized(sums[m], 0, m, absmax_x, absmax_w)
-                if J:
-                    y[m] = _plus_outliers(y[m], 0, m, absmax_w, outlier_x, outlier_cols, w_i8)
+            if J:
+                for m in range(b0 + r * q, b1 + r * q, LANES):
+                    plus_outliers16(y, m, min(LANES, b1 + r * q - m), absmax_w, x_o, cols, J, flat, m * K, K, 4)
     for m in range(n0 + ROWS_AT_ONCE * q, n1):  # the last n1 − n0 mod 4 rows (at most three a call)
         c = _avx2.dot(x_u8, 0, flat, m * K, K, OFFSET)
         y[m] = _gemv_output(c, 0, m, absmax_x, absmax_w, outlier_x, outlier_cols, w_i8)
@@ -216,8 +222,9 @@ def _int8_rows_overload(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_ro
         return None
     if path.dtype == types.uint8:
         rows = _rows_vnni
-    else:  # the portable path: on vpmaddubsw where the target has AVX2
-        rows = _rows_avx2 if _avx2.AVAILABLE else _rows_loop
+    else:  # the portable path: on vpmaddubsw where the target has AVX2 (and F16C, for plus_outliers16's rounding:
+        # without it LLVM calls a conversion routine that Numba's JIT does not resolve, ``round_half``)
+        rows = _rows_avx2 if _avx2.AVAILABLE and F16C else _rows_loop
 
     def impl(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead):
         rows(x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, n0, n1, ahead)
