@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .._common import cuda_c as _cupy, gpu as _gpu
+from ._nonfinite import restore_nonfinite_v
 
 SOURCE = Path(__file__).with_name("flash_attention.cu")
 HEAD_DIMS = (64, 128)  # the head dims the tensor-core kernel is built for
@@ -61,40 +62,6 @@ def _flash_kernel(dtype: str, d: int, device: int):
     kernel = _cupy.kernel(SOURCE, f"ioaware::flash_forward<{CTYPES[dtype]}, {d}, {BR}, {BC}>", NAMES)
     kernel.max_dynamic_shared_size_bytes = shared_bytes
     return kernel, shared_bytes
-
-
-def restore_nonfinite_v(xp, o, v, causal: bool):
-    """o (B, Hq, Nq, d) float32, computed from v (B, Hkv, Nk, d) float32 with its non-finite elements zeroed;
-    returns o as the oracle has it for v itself (``kernels.attention``'s NaN contract). ``xp`` is the array module
-    (CuPy here; NumPy in the CPU tests).
-
-    Why: the kernels multiply a masked score's weight, 0, by every value row of a key tile (the tensor-core P·V
-    of ``flash_forward``, cuBLAS's P·V of ``standard_forward``), and 0 · NaN = NaN, so a non-finite v row reached
-    the rows of its tile that do not see its key (first GPU check, H200: 144 NaN rows against the oracle's 140 at
-    N = 200).
-    Run on the zeroed v instead, each output element needs only which non-finite values its row sees: a weight
-    p > 0 times NaN is NaN and times ±inf is ±inf, which no finite sum undoes; +inf and −inf together give NaN. A
-    weight of exactly 0 on a visible key (a score more than ~745 below the row's maximum, where float64 underflows)
-    would give the oracle NaN against ±inf here. An element already NaN (a NaN in q or k) stays NaN."""
-    B, Hkv, Nk, d = v.shape
-    Hq, Nq = o.shape[1], o.shape[2]
-    bad = xp.flatnonzero(~xp.isfinite(v).all(axis=(0, 1, 3)))  # (J,) keys with a non-finite value in any head
-    if bad.size == 0:
-        return o
-    v_bad = v[:, :, bad, :]  # (B, Hkv, J, d)
-    rows = xp.arange(Nq)[:, None]  # (Nq, 1)
-    sees = (bad[None, :] <= rows + (Nk - Nq)) if causal else xp.ones((Nq, bad.size), dtype=bool)  # (Nq, J)
-    sees = sees.astype(xp.float32)
-
-    def reached(mask):  # (B, Hq, Nq, d): the row sees at least one key whose value there is ``mask``
-        hits = xp.matmul(sees, mask.astype(xp.float32)) > 0  # (B, Hkv, Nq, d)
-        return xp.repeat(hits, Hq // Hkv, axis=1)  # each kv head's rows for its group of query heads
-
-    nan = reached(xp.isnan(v_bad))
-    pos, neg = reached(xp.isinf(v_bad) & (v_bad > 0)), reached(xp.isinf(v_bad) & (v_bad < 0))
-    out = xp.where(pos, xp.float32(np.inf), o)
-    out = xp.where(neg, xp.float32(-np.inf), out)
-    return xp.where(nan | (pos & neg) | xp.isnan(o), xp.float32(np.nan), out)
 
 
 def _with_nonfinite_v(forward, q, k, v, scale, causal, dtype, **options):

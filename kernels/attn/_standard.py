@@ -13,6 +13,7 @@ import numpy as np
 
 from .._common.blas import batched_matmul
 from .._common.memory import ensure_fits
+from ._nonfinite import restore_nonfinite_v
 
 
 def standard_bytes(B, Hq, Nq, Nk, elem_bytes, causal):
@@ -65,7 +66,6 @@ def standard_forward(q, k, v, scale, causal, phases=None):
     s = batched_matmul(q_g, k.reshape(B * Hkv, Nk, d), transpose_b=True,
                        out=scores[0].reshape(B * Hkv, group * Nq, Nk)).reshape(B, Hq, Nq, Nk)  # S = Q Kᵀ
     clock.mark("qk")
-    visible = None
     if causal:
         # bottom-right alignment: query i sees keys j <= i + Nk - Nq
         visible = np.arange(Nk)[None, :] <= np.arange(Nq)[:, None] + (Nk - Nq)  # (Nq, Nk)
@@ -89,13 +89,12 @@ def standard_forward(q, k, v, scale, causal, phases=None):
     p /= l_safe
     clock.mark("normalize")
     p_g = p.reshape(B * Hkv, group * Nq, Nk)  # (B·Hkv, group·Nq, Nk)
-    o = batched_matmul(p_g, v.reshape(B * Hkv, Nk, d)).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
-    if causal and not np.isfinite(v).all():
-        # 0 · NaN = NaN: a non-finite v row would leak into rows that do not see it; redo those sums row by row
-        v_h = np.repeat(v, group, axis=1)  # (B, Hq, Nk, d)
-        for i in range(Nq):
-            n_vis = int(visible[i].sum())
-            o[:, :, i, :] = np.einsum("bhj,bhjd->bhd", p[:, :, i, :n_vis], v_h[:, :, :n_vis, :])
+    # 0 · NaN = NaN: a non-finite v row would leak into the rows that do not see its key (``_nonfinite``)
+    leaks = causal and not np.isfinite(v).all()
+    v_used = np.where(np.isfinite(v), v, 0).astype(v.dtype) if leaks else v  # (B, Hkv, Nk, d)
+    o = batched_matmul(p_g, v_used.reshape(B * Hkv, Nk, d)).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
+    if leaks:
+        o = restore_nonfinite_v(np, o, v, causal)
     dead = l == 0.0  # (B, Hq, Nq, 1) rows with no weight anywhere: zeros, even beside a NaN in v (0 · NaN)
     if dead.any():  # (a pass over o only when some row is dead)
         np.copyto(o, 0.0, where=dead)

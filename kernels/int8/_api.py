@@ -203,13 +203,14 @@ def product_path() -> str:
     return "vpmaddubsw" if _avx2.AVAILABLE else "loop"
 
 
-def _int32_product(x_i8, w_i8, w_row_sums):
-    """(M, N) int32 = x_i8 (M, K) · w_i8ᵀ, on vpdpbusd (with the weights' row sums) or the portable loop."""
+def _int32_product(x_i8, w_i8, w_row_sums, quantized=False):
+    """(M, N) int32 = x_i8 (M, K) · w_i8ᵀ, on vpdpbusd (with the weights' row sums), vpmaddubsw or the portable
+    loop. ``quantized``: x_i8 comes from the quantizer, so no value is −128 and the check for one is skipped."""
     out = np.empty((x_i8.shape[0], w_i8.shape[0]), dtype=np.int32)  # (M, N)
     if USE_VNNI:
         _vnni.gemm_i8(_vnni.offset_activations(x_i8), w_i8, w_row_sums, out)
-    elif _avx2.AVAILABLE and (x_i8.size == 0 or x_i8.min() > -128):  # vpmaddubsw's sign trick needs x >= −127
-        # (quantized activations always are; figures in _avx2, v2)
+    elif _avx2.AVAILABLE and (quantized or x_i8.size == 0 or x_i8.min() > -128):  # vpmaddubsw's sign trick needs
+        # x >= −127 (figures in _avx2, v2)
         _avx2.gemm_i8(x_i8, w_i8, out, *GEMM_TASK)
     else:
         _numba_cpu.gemm_i8(x_i8, w_i8, out, *GEMM_TASK)
@@ -252,7 +253,7 @@ def _split_matmul_kernels(x, weight: Int8Weight, threshold):
         with serial_if_small(elements=x.size):
             _numba_cpu.quantize_rows(x, flags, x_i8, absmax_x)
         with serial_if_small(multiply_adds=M * K * N):
-            c = _int32_product(x_i8, weight.w_i8, weight.w_row_sums)  # (M, N) int32, exact
+            c = _int32_product(x_i8, weight.w_i8, weight.w_row_sums, quantized=True)  # (M, N) int32, exact
         with serial_if_small(elements=c.size):
             _numba_cpu.dequantize(c, absmax_x, weight.absmax, y)
     # float16 part: the outlier columns of x against the matching rows of w, accumulated in float32

@@ -165,9 +165,9 @@ def test_nan_reaches_exactly_the_rows_it_touches(rng, algorithm, where, bad, cau
 @pytest.mark.parametrize("values", ["nan", "+inf", "-inf", "+inf and -inf", "nan and +inf", "nan in q too"])
 @pytest.mark.parametrize("nq, nk, causal", [(70, 70, True), (40, 90, True), (90, 40, True), (50, 50, False)])
 def test_the_gpu_tiers_repair_of_a_nonfinite_v_matches_the_oracle(rng, values, nq, nk, causal):
-    # kernels.attn._cupy runs its kernels on v with the non-finite values zeroed (a masked weight 0 times NaN
-    # leaked into rows that do not see the key), then puts them back; checked here with NumPy for its array module
-    from kernels.attn._cupy import restore_nonfinite_v
+    # the CuPy kernels and the CPU standard algorithm run on v with the non-finite values zeroed (a masked weight 0
+    # times NaN leaked into rows that do not see the key), then put them back; checked here with NumPy
+    from kernels.attn._nonfinite import restore_nonfinite_v
 
     q = rng.standard_normal((2, 4, nq, 16)).astype(np.float32)
     k, v = (rng.standard_normal((2, 2, nk, 16)).astype(np.float32) for _ in range(2))
