@@ -127,6 +127,32 @@ def test_a_failed_sanitizer_run_says_what_the_tool_found():
     assert row["note"].startswith("Invalid __global__ read of size 4 bytes / at kernel_x+0x40 / ")
 
 
+LOOKUP_REPORT = ('========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call '
+                 'to cuGetProcAddress_v2.\n=========     Saved host backtrace up to driver entry point at error\n'
+                 '=========         Host Frame:  [0xd4a2] in cydriver.cpython-312-x86_64-linux-gnu.so\n')
+
+
+@pytest.mark.parametrize("real, returncode, status, errors", [
+    ("", sanitizers.ERROR_EXIT, "passed", 0),
+    ("", 1, "failed", 0),  # an exit status that is not the tool's own
+    ("========= Invalid __global__ write of size 4 bytes\n=========     at ioaware::gather_rows+0x80\n",
+     sanitizers.ERROR_EXIT, "failed", 1),
+    ('========= Program hit cudaErrorInvalidConfiguration (error 9) due to "invalid configuration argument" on CUDA '
+     'API call to cuLaunchKernel.\n', sanitizers.ERROR_EXIT, "failed", 1),
+])
+def test_memcheck_sets_aside_the_bindings_entry_point_lookups_and_nothing_else(real, returncode, status, errors):
+    # the H200's int8 + SnapKV memcheck run: 34 failed cuGetProcAddress lookups and nothing else
+    probes = ("int8", "snapkv")
+    text = ("========= COMPUTE-SANITIZER\n" + LOOKUP_REPORT * 3 + real + LOOKUP_REPORT * 31
+            + "\n".join(COMPLETION.format(case=p) for p in probes)
+            + f"\n========= ERROR SUMMARY: {34 + errors} errors\n")
+    row = sanitizers.judge(probes, _runner.ToolRun(returncode, text, ""))
+    assert (row["status"], row["errors"]) == (status, errors)
+    assert "34 failed cuGetProcAddress lookups" in row["note"]
+    if real:  # the note starts with what was found, not with a lookup
+        assert row["note"].startswith(real.splitlines()[0].lstrip("= "))
+
+
 def test_the_ncu_parser_sums_the_kernels_and_skips_the_units_row():
     text = ('==PROF== Connected to process 1\n"ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n'
             '"","","byte","byte"\n"0","flash_forward","1,000","200"\n"1","nvjet_hsh_128x256","50","5"\n')
