@@ -16,7 +16,7 @@ FLAT_THREADS = 256
 NAMES = (f"ioaware::window_votes<{THREADS}>", f"ioaware::window_row_stats<{THREADS}>", "ioaware::window_column_votes",
          f"ioaware::topk_radix<{THREADS}>", "ioaware::pool_rows", "ioaware::group_mean",
          "ioaware::gather_rows<unsigned short>", "ioaware::gather_rows<float>")
-VOTES = ("kernel", "gemm")  # how the window votes are computed: one fused kernel, or S = Q_w Kᵀ by cuBLAS first
+VOTES = ("auto", "kernel", "gemm")  # how the window votes are computed: one fused kernel, or S = Q_w Kᵀ by cuBLAS first
 
 
 def _kernel(name):
@@ -46,10 +46,13 @@ def _votes_gemm(qw, k, scale):
     return votes
 
 
-def snapkv_scores(qw, k, kernel_size: int, pooling: str, gqa: str, votes_by: str = "kernel"):
+def snapkv_scores(qw, k, kernel_size: int, pooling: str, gqa: str, votes_by: str = "auto"):
     """Pooled window votes, float32 (B, Hkv or Hq, N − w), from CuPy arrays qw (B, Hq, w, d), k (B, Hkv, N, d).
-    ``votes_by="gemm"`` computes S = Q_w Kᵀ once with cuBLAS (checked against ``"kernel"`` by the GPU check and
-    tests/kernels/test_cupy.py; the default until a GPU run has compared them)."""
+    ``votes_by="gemm"`` computes S = Q_w Kᵀ once with cuBLAS, ``"kernel"`` recomputes each score in one fused kernel
+    (one block per query head) and stores no S; both are checked against the oracle by the GPU check and
+    tests/kernels/test_cupy.py. ``"auto"`` takes the GEMM where S fits in half the free device memory: on the H200
+    (reports/gpu/2026-12-04T1110-h200, Hq = 32, Hkv = 8, N = 32768, d = 128, w = 32) it took 0.60 ms against the
+    fused kernel's 207 ms, whose 32 blocks leave most of the 132 SMs idle."""
     cupy = _cupy.require_cupy()
     if votes_by not in VOTES:
         raise ValueError(f"unknown votes_by {votes_by!r}; known: {', '.join(map(repr, VOTES))}")
@@ -57,6 +60,8 @@ def snapkv_scores(qw, k, kernel_size: int, pooling: str, gqa: str, votes_by: str
     B, Hq, w, d = qw.shape
     Hkv, N = k.shape[1], k.shape[2]
     P = N - w
+    if votes_by == "auto":
+        votes_by = "gemm" if 2 * B * Hq * w * N * 4 <= _gpu.free_device_bytes("cupy") else "kernel"
     if votes_by == "gemm":
         votes = _votes_gemm(qw, k, 1.0 / math.sqrt(d))
     else:
