@@ -5,10 +5,14 @@ for a tail, a scalar in every lane, add, fused multiply-add, maximum, the sum an
 Why: LLVM vectorizes for Intel's AVX-512 cores with 256-bit vectors (its X86 tuning ``TuningPrefer256Bit``, set
 for Skylake-SP and later in ``llvm/lib/Target/X86/X86.td``), so Numba's plain float32 dot-product loop compiles to
 ymm FMAs even where zmm ones exist (seen in its assembly on the Xeon below): twice the instructions per cache line
-of weights. Where the weights stream
-from DRAM that costs bandwidth (``kernels/dense.py``, v3). ``AVAILABLE`` says whether the target Numba compiles
-for has AVX-512F; elsewhere the callers keep their plain loops (a ``<16 x float>`` there would be split into
-narrower registers, and without FMA ``llvm.fma`` becomes a library call).
+of weights. Where the weights stream from DRAM that costs bandwidth (``kernels/dense.py``, v3). ``AVAILABLE`` says
+whether the target Numba compiles for has AVX-512F; elsewhere those callers keep their plain loops (a
+``<16 x float>`` there would be split into narrower registers, and without FMA ``llvm.fma`` becomes a library call).
+
+``VECTORS`` says whether the vectors compile to vector code at all: AVX-512F, or AVX2 with FMA, where each
+operation becomes two ymm instructions. That is what a caller needs whose plain loop is not bandwidth-bound but a
+chain of dependent scalar adds, kept in order so that two paths agree bit for bit: the decode attention's scores
+(``kernels.decode._fused``, v7), 64 dependent multiply-adds per score in the loop.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from .numba_cpu import target_features
 
 LANES = 16  # float32 lanes of a zmm register (64 bytes)
 AVAILABLE = "avx512f" in target_features()
+VECTORS = AVAILABLE or {"avx2", "fma"} <= target_features()  # the vectors in two ymm registers each (see above)
 
 
 class Float32x16(types.Type):

@@ -73,8 +73,8 @@ def test_the_pieces_of_a_group_attention_combine_to_the_oracle(rng, group, d, n,
     from kernels.decode import _fused
     from kernels._common import zmm
 
-    if path == "lanes" and not zmm.AVAILABLE:
-        pytest.skip("the 16-lane path compiles only for a target with AVX-512F")
+    if path == "lanes" and not zmm.VECTORS:
+        pytest.skip("the 16-lane path compiles to vector code only for a target with AVX-512F, or AVX2 with FMA")
     piece = _fused._piece_lanes if path == "lanes" else _fused._piece_loop
     bounds = sorted({0, n, *(min(n - 1, max(1, int(c * n))) for c in cuts if n > 1)})
     q = rng.standard_normal(group * d).astype(np.float32)
@@ -94,6 +94,14 @@ def test_the_pieces_of_a_group_attention_combine_to_the_oracle(rng, group, d, n,
     assert_close(out[:group * d].reshape(group, 1, d), attn.reference(q64, k64, v64, scale=float(scale)),
                  np.float32)
     assert np.all(out[group * d:] == 7.0)  # nothing past the group's outputs is written
+
+
+def test_the_attention_takes_the_16_lane_pieces_wherever_they_compile_to_vectors():
+    from kernels.decode import _fused
+    from kernels._common import zmm
+
+    assert zmm.VECTORS == (zmm.AVAILABLE or {"avx2", "fma"} <= zmm.target_features())
+    assert _fused._piece is (_fused._piece_lanes if zmm.VECTORS else _fused._piece_loop)
 
 
 @pytest.mark.parametrize("n", [1, 5, 1536])
