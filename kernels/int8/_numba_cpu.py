@@ -192,11 +192,22 @@ def _outlier_columns(x, threshold, flags, cols):
         flags[k] = False
     if not threshold > 0 or _count_at_least(x, threshold) == 0:
         return 0
+    # then the flags without branches (this vectorizes too), and their indices in order, eight flags at a time as
+    # one uint64, most of which are 0. One row with seven outliers, 2-vCPU AMD EPYC (Zen 3): K = 576 1.29 -> 0.15 us,
+    # K = 1536 3.32 -> 0.33 us against a branch per value (a branch per flag after the vectorized flags: 0.63, 0.86)
+    for m in range(M):
+        for k in range(K):
+            flags[k] |= abs(x[m, k]) >= threshold
+    whole = K - K % 8
+    words = flags[:whole].view(np.uint64)
     J = 0
-    for k in range(K):
-        for m in range(M):
-            if abs(x[m, k]) >= threshold:
-                flags[k] = True
+    for i in range(words.size):
+        if words[i]:
+            for k in range(8 * i, 8 * i + 8):
+                if flags[k]:
+                    cols[J] = k
+                    J += 1
+    for k in range(whole, K):
         if flags[k]:
             cols[J] = k
             J += 1

@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from kernels import int8
 from kernels._common.prefetch import PREFETCH_ROWS
+from kernels.int8._numba_cpu import _outlier_columns
 from kernels.int8 import (Int8Linear, Int8Weight, int8_gemm, int8_matmul, int8_matmul_reference,
                           naive_absmax_matmul, quantize_reference, quantize_vectorwise)
 from tests.helpers import BAD_INT8_CALLS, assert_close, planted_int8
@@ -405,6 +407,28 @@ def test_the_one_launch_decode_path_equals_the_five_kernel_path(rng, monkeypatch
     large, large_dims = layer(x, return_outliers=True)
     assert np.array_equal(small_dims, large_dims)
     np.testing.assert_allclose(small, large, rtol=1e-6, atol=1e-6 * np.abs(large).max())
+
+
+@njit
+def _outlier_columns_of(x, threshold, flags, cols):  # the inlined step, callable from Python
+    return _outlier_columns(x, threshold, flags, cols)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("k", [1, 7, 8, 9, 63, 576, 1537])
+@pytest.mark.parametrize("where", ["none", "first", "last", "random", "every"])
+def test_the_outlier_columns_are_numpys_in_order(rng, m, k, where):
+    x = rng.uniform(-5.0, 5.0, (m, k)).astype(np.float32)
+    hot = {"none": [], "first": [0], "last": [k - 1], "random": rng.choice(k, min(k, 9), replace=False),
+           "every": np.arange(k)}[where]
+    for c in hot:
+        x[rng.integers(m), c] = rng.choice([-1.0, 1.0]) * rng.uniform(6.0, 60.0)  # in one row of the m
+    x[rng.integers(m), k // 2] = np.nan if where == "none" else x[0, k // 2]  # a NaN is no outlier
+    flags, cols = np.ones(k, bool), np.full(k, -1, np.int64)
+    J = _outlier_columns_of(x, np.float32(6.0), flags, cols)
+    expected = (np.abs(x) >= 6.0).any(axis=0)
+    assert np.array_equal(flags, expected)
+    assert J == expected.sum() and np.array_equal(cols[:J], np.flatnonzero(expected))
 
 
 def test_every_column_an_outlier_runs_only_the_float16_path(rng):
