@@ -90,8 +90,9 @@ def standard_forward(q, k, v, scale, causal, phases=None):
     clock.mark("normalize")
     p_g = p.reshape(B * Hkv, group * Nq, Nk)  # (B·Hkv, group·Nq, Nk)
     # 0 · NaN = NaN: a non-finite v row would leak into the rows that do not see its key (``_nonfinite``)
-    leaks = causal and not np.isfinite(v).all()
-    v_used = np.where(np.isfinite(v), v, 0).astype(v.dtype) if leaks else v  # (B, Hkv, Nk, d)
+    finite = np.isfinite(v) if causal else None  # (B, Hkv, Nk, d), one pass for the check and the zeroing
+    leaks = causal and not finite.all()
+    v_used = np.where(finite, v, v.dtype.type(0)) if leaks else v  # (B, Hkv, Nk, d), v's dtype
     o = batched_matmul(p_g, v_used.reshape(B * Hkv, Nk, d)).reshape(B, Hq, Nq, d)  # O = P V, (B, Hq, Nq, d)
     if leaks:
         o = restore_nonfinite_v(np, o, v, causal)
