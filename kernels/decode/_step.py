@@ -331,7 +331,9 @@ def _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8,
          head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers):
     # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
     for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
-        _worker(worker, n_workers, plan, counters, path, row_prefetch,
+        # (worker as int64: the loop's index is int64 where Numba types the loop, uint64 in the function it makes
+        # of the loop's body, and each type would compile _worker once more, ~6 s on a 2-vCPU AMD EPYC, Zen 3)
+        _worker(np.int64(worker), n_workers, plan, counters, path, row_prefetch,
                 (arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes), lin_kind,
                 thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
 
