@@ -104,8 +104,11 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
             # r0 + r % br of head hk·group + r // br)
             rows = group * br
             q_i = w[:rows * d].reshape((rows, d))  # Q_i, (rows, d)
-            for g in range(group):
-                q_i[g * br:(g + 1) * br] = q[b, hk * group + g, r0:r0 + br]
+            for g in range(group):  # (element by element: a slice assignment compiles Numba's shape-mismatch
+                # message, ~4 s of a cold compile, for a check these equal shapes never fail)
+                for r in range(br):
+                    for c in range(d):
+                        q_i[g * br + r, c] = q[b, hk * group + g, r0 + r, c]
             o_acc = w[rows * d:2 * rows * d].reshape((rows, d))  # unnormalized output O_i
             o_acc[:] = 0.0
             pv = w[2 * rows * d:3 * rows * d].reshape((rows, d))

@@ -353,7 +353,8 @@ def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_work
         if token == stop:
             return i, 0, token
         tokens[i] = token
-        x[:] = embedding[token]
+        for j in range(x.size):  # x = embedding[token] (not a slice assignment: see flash_forward's Q_i)
+            x[j] = embedding[token, j]
         counters[:] = 0
         _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a,
              blocks_r, head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i,
