@@ -86,7 +86,7 @@ def _report(args) -> int:
     if problem:
         print(f"error: --out {out}: {problem}", file=sys.stderr)
         return 2
-    total = 1 + planned_steps(SECTIONS, args.quick)  # the spec, then the sections' steps (tqdm shows an ETA)
+    total = 2 + planned_steps(SECTIONS, args.quick)  # the spec, the compiles, the sections' steps (tqdm: an ETA)
     with _stopped_cleanly_by("SIGTERM", "SIGHUP"), tqdm(desc="report", unit="step", total=total,
                                                         file=sys.stderr, disable=args.no_progress) as bar:
         started = []
@@ -100,7 +100,7 @@ def _report(args) -> int:
         progress("calibrating this machine" if args.recalibrate else "this machine's spec")
         cpu = cpu_spec(force=args.recalibrate)
         path = build_report(out, quick=args.quick, seed=args.seed, hardware=args.hardware, cpu=cpu,
-                            progress=progress)
+                            progress=progress, precompile=True)
         bar.update(bar.total - bar.n)  # the last step (and any a skipped section did not take)
     print(f"report written to {path / 'index.md'} and {path / 'index.html'}")
     return 0

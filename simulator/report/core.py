@@ -148,10 +148,12 @@ def markdown_to_html(markdown: str, title: str) -> str:
 
 
 def build_report(out_dir: Path, *, quick: bool = False, seed: int = 0, hardware=None, cpu=None, progress=None,
-                 sections=None) -> Path:
+                 sections=None, precompile: bool = False) -> Path:
     """Run every section into a temporary directory, write ``index.md`` and ``index.html``, then rename it to
     ``out_dir``. ``hardware`` defaults to the H100-SXM preset, ``cpu`` to this machine's (cached) calibration.
-    Raises ``FileExistsError`` if ``out_dir`` exists (a report is never overwritten in place)."""
+    ``precompile``: first compile the kernels that Numba's cache lacks, on all cores (``simulator.precompile``;
+    one more progress step). Raises ``FileExistsError`` if ``out_dir`` exists (a report is never overwritten in
+    place)."""
     if sections is None:
         from . import SECTIONS as sections
     out_dir = Path(out_dir)
@@ -167,6 +169,11 @@ def build_report(out_dir: Path, *, quick: bool = False, seed: int = 0, hardware=
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         ctx = RunContext(directory=tmp, quick=quick, seed=seed, hardware=hardware, cpu=cpu, progress=progress)
+        if precompile:  # before any section measures: the compiles would otherwise share the cores with it
+            from ..precompile import precompile as compile_kernels
+
+            ctx.step("compile the kernels")
+            compile_kernels()
         results = [section(ctx) for section in sections]
         mode = "quick" if quick else "full"
         predicted_for = f"; predictions for {hardware.name}" if hardware is not None else ""

@@ -142,9 +142,13 @@ def test_cli_report(tmp_path, tiny_sizes, cpu_spec, no_model_extra, capsys, monk
     import os
 
     import simulator.report as report
+    from simulator import precompile
 
     monkeypatch.setattr(report, "SECTIONS", (report.machine_section, report.roofline_section))
+    compiled = []  # the CLI compiles the kernels first (simulator.precompile); here nothing, and fast
+    monkeypatch.setattr(precompile, "precompile", lambda: compiled.append(True))
     assert main(["report", "--quick", "--no-progress", "--hardware", "T4", "--out", str(tmp_path / "r")]) == 0
+    assert compiled == [True]
     assert "report written to" in capsys.readouterr().out
     assert "## Roofline of T4" in (tmp_path / "r" / "index.md").read_text()
     umask = os.umask(0)

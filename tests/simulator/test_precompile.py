@@ -1,0 +1,131 @@
+"""simulator.precompile: the jobs compile what they name, the plan shares them out, the processes run them and a
+job's failure or a stop reaches the caller."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from simulator import precompile
+
+
+def test_every_sentinel_is_a_cached_numba_function():
+    for name, (job, sentinels, seconds) in precompile.JOBS.items():
+        assert callable(job) and seconds > 0, name
+        for module, function in sentinels:
+            dispatcher = getattr(importlib.import_module(module), function)
+            assert dispatcher._cache.__class__.__name__ == "FunctionCache", f"{module}.{function} is not cached"
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3, 4, 8])
+def test_the_plan_runs_every_job_once_largest_share_first(processes):
+    names = list(precompile.JOBS)
+    bins = precompile.plan(names, processes)
+    assert sorted(n for share in bins for n in share) == sorted(names)
+    assert len(bins) == min(processes, len(names))
+    seconds = [sum(precompile.JOBS[n][2] for n in share) for share in bins]
+    assert seconds == sorted(seconds, reverse=True)
+    # the longest-processing-time rule: no share exceeds the ideal by more than its own smallest job
+    assert max(seconds) <= sum(seconds) / len(bins) + max(min(precompile.JOBS[n][2] for n in s) for s in bins)
+
+
+def test_the_plan_of_nothing_is_empty():
+    assert precompile.plan([], 4) == []
+
+
+def test_cached_follows_numba_cache_of_a_function(tmp_path, monkeypatch):
+    source = textwrap.dedent("""
+        from numba import njit
+
+        @njit(cache=True)
+        def twice(x):
+            return 2 * x
+    """)
+    (tmp_path / "fresh_module.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("fresh_module")
+    try:
+        assert not precompile.cached(module.twice)  # nothing compiled yet
+        assert module.twice(3) == 6
+        assert precompile.cached(module.twice)
+        (tmp_path / "fresh_module.py").write_text(source.replace("2 * x", "3 * x"))
+        module = importlib.reload(module)  # a new source: the index is stale
+        assert not precompile.cached(module.twice)
+    finally:
+        sys.modules.pop("fresh_module", None)
+
+
+def test_cached_is_false_for_what_it_cannot_read():
+    assert not precompile.cached(len)
+
+
+def test_the_jobs_compile_their_sentinels():
+    precompile.run_jobs(list(precompile.JOBS))
+    assert precompile.needed() == []
+
+
+# jobs for the processes: module-level functions, which a spawned process imports by name
+def _write_pid(name):
+    Path(os.environ["PRECOMPILE_TEST_DIR"], name).write_text(str(os.getpid()))
+
+
+def _job_a():
+    _write_pid("a")
+
+
+def _job_b():
+    _write_pid("b")
+
+
+def _job_fails():
+    raise ValueError("a job that fails")
+
+
+def _fake_jobs(monkeypatch, tmp_path, jobs):
+    monkeypatch.setenv("PRECOMPILE_TEST_DIR", str(tmp_path))
+    monkeypatch.setattr(precompile, "JOBS", {name: (job, (), seconds) for name, (job, seconds) in jobs.items()})
+    monkeypatch.setattr(precompile, "needed", lambda names=None: list(precompile.JOBS))
+
+
+def test_two_processes_run_their_shares(tmp_path, monkeypatch):
+    _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "b": (_job_b, 1.0)})
+    summary = precompile.precompile(processes=2)
+    assert summary["jobs"] == ["a", "b"] and summary["processes"] == 2
+    assert (tmp_path / "a").read_text() == str(os.getpid())  # the largest share in this process
+    assert (tmp_path / "b").read_text() != str(os.getpid())
+
+
+def test_one_process_runs_all_here(tmp_path, monkeypatch):
+    _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "b": (_job_b, 1.0)})
+    assert precompile.precompile(processes=1)["processes"] == 1
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == str(os.getpid())
+
+
+def test_a_failing_job_in_another_process_is_reported_by_name(tmp_path, monkeypatch):
+    _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "broken": (_job_fails, 1.0)})
+    with pytest.raises(RuntimeError, match="broken.*a job that fails"):
+        precompile.precompile(processes=2)
+
+
+def _job_stops():
+    raise SystemExit(143)  # as the CLI's SIGTERM handler raises it
+
+
+def _job_sleeps():
+    import time
+
+    time.sleep(120)
+
+
+def test_a_stop_here_ends_the_other_processes_at_once(tmp_path, monkeypatch):
+    import time
+
+    _fake_jobs(monkeypatch, tmp_path, {"stops": (_job_stops, 2.0), "sleeps": (_job_sleeps, 1.0)})
+    start = time.monotonic()
+    with pytest.raises(SystemExit):
+        precompile.precompile(processes=2)
+    assert time.monotonic() - start < 60  # the sleeping process was terminated, not waited for
