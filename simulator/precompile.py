@@ -14,7 +14,13 @@ inputs of the types the report gives them: Numba compiles one machine code per a
 layout), whatever the sizes. The other processes write what they compile into Numba's cache, from which the
 report's process loads it at its first call. A kernel no job reaches is compiled where the report first calls it,
 as before, and a job whose kernels are all in the cache (``needed``) does not run, so a warm run starts no process.
-Nothing a job computes is kept; it measures nothing the report uses.
+Nothing a job computes is kept; it measures nothing the report uses. To ask the cache, ``needed`` names a few of
+each job's kernels (``JOBS``' sentinels), private functions of ``kernels`` among them: the compiled functions
+themselves, which no public name reaches.
+
+Measured on the Zen 3 above, in a fresh clone with Numba's cache emptied: ``report --quick`` 112 and 126 s in two
+runs, the compile step 61 s of the first (two processes; the jobs one after another in one process: 103 s), against
+3 min 3 s when each kernel compiled at its first call; 44 s once the cache was warm.
 """
 from __future__ import annotations
 
@@ -146,7 +152,8 @@ JOBS = {
 def cached(dispatcher) -> bool:
     """Whether Numba's cache holds machine code of the njit function ``dispatcher`` for this CPU and these
     sources (any argument types). False where the function is not cached, or where this Numba keeps its cache
-    otherwise than 0.60-0.68 do (the index of ``numba.core.caching``)."""
+    otherwise than 0.68 does (``numba.core.caching``: an index file of (signature, CPU, bytecode hashes) keys,
+    emptied where the source file's stamp changed)."""
     try:
         index = dispatcher._cache._cache_file._load_index()  # {} where the sources changed (the stamp differs)
         key = dispatcher._cache._index_key(None, dispatcher.targetctx.codegen())  # (sig, CPU, bytecode hashes)
@@ -192,7 +199,7 @@ def precompile(processes: int | None = None) -> dict:
     """Run the jobs that are ``needed``, over ``processes`` processes (default: the CPUs this process may run on),
     this one included, and wait for all. Returns {"jobs": their names, "processes": the processes that ran them,
     "seconds": the wall time}. A job that fails in another process raises here (``RuntimeError``, naming it);
-    stopped (Ctrl-C, a signal turned into SystemExit), it stops the other processes before it returns."""
+    stopped (Ctrl-C, a signal turned into SystemExit), it ends the other processes before the exception leaves."""
     start = time.perf_counter()
     names = needed()
     if processes is None:

@@ -52,8 +52,8 @@ def test_cached_follows_numba_cache_of_a_function(tmp_path, monkeypatch):
         assert not precompile.cached(module.twice)  # nothing compiled yet
         assert module.twice(3) == 6
         assert precompile.cached(module.twice)
-        (tmp_path / "fresh_module.py").write_text(source.replace("2 * x", "3 * x"))
-        module = importlib.reload(module)  # a new source: the index is stale
+        (tmp_path / "fresh_module.py").write_text(source.replace("2 * x", "2 * x + 1"))
+        module = importlib.reload(module)  # a new source (another size: stale whatever the clock's resolution)
         assert not precompile.cached(module.twice)
     finally:
         sys.modules.pop("fresh_module", None)
