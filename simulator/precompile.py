@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -198,33 +199,48 @@ def _call(functions) -> None:
 def precompile(processes: int | None = None) -> dict:
     """Run the jobs that are ``needed``, over ``processes`` processes (default: the CPUs this process may run on),
     this one included, and wait for all. Returns {"jobs": their names, "processes": the processes that ran them,
-    "seconds": the wall time}. A job that fails in another process raises here (``RuntimeError``, naming it);
-    stopped (Ctrl-C, a signal turned into SystemExit), it ends the other processes before the exception leaves."""
+    "failed": the jobs whose process failed, "seconds": the wall time}.
+
+    A job's failure here raises, as any call of its kernels would. Another process that fails (an exception, whose
+    traceback it prints, or the process killed: its exit status is not 0) leaves its jobs' kernels to compile at
+    their first call, as without this step, with a ``RuntimeWarning`` naming them. Where no process can be started
+    (``OSError``) this one runs the jobs meant for it, with a ``RuntimeWarning``. Stopped (Ctrl-C, a signal turned
+    into SystemExit), it ends the other processes before the exception leaves."""
     start = time.perf_counter()
     names = needed()
     if processes is None:
         processes = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     bins = plan(names, processes)
-    if len(bins) > 1:
-        # spawned, not forked: a fork would copy this process's Numba threads' state (and its compiler lock)
-        pool = multiprocessing.get_context("spawn").Pool(len(bins) - 1)
-        try:
-            others = [pool.apply_async(_call, ([JOBS[name][0] for name in share],)) for share in bins[1:]]
-            run_jobs(bins[0])
-            for share, result in zip(bins[1:], others):
-                try:
-                    result.get()
-                except Exception as err:
-                    raise RuntimeError(f"compiling the kernels of {', '.join(share)} failed: {err!r}") from err
-            pool.close()
-        except BaseException:
-            pool.terminate()
-            raise
-        finally:
-            pool.join()
-    elif bins:
-        run_jobs(bins[0])
-    return {"jobs": names, "processes": len(bins), "seconds": time.perf_counter() - start}
+    # spawned, not forked: a fork would copy this process's Numba threads' state (and its compiler lock)
+    context = multiprocessing.get_context("spawn")
+    others, failed = [], []
+    try:
+        for share in bins[1:]:
+            other = context.Process(target=_call, args=([JOBS[name][0] for name in share],), daemon=True)
+            other.start()
+            others.append((share, other))
+    except OSError as err:
+        warnings.warn(f"no process could be started to compile in ({err}): this one compiles the rest",
+                      RuntimeWarning, stacklevel=2)
+    started = {name for share, _ in others for name in share}
+    try:
+        run_jobs([name for share in bins for name in share if name not in started])  # its share, and any left
+        for share, other in others:
+            other.join()
+            if other.exitcode != 0:
+                failed += share
+    except BaseException:
+        for _, other in others:
+            other.terminate()
+        raise
+    finally:
+        for _, other in others:
+            other.join()
+    if failed:
+        warnings.warn(f"compiling the kernels of {', '.join(failed)} failed in another process: they compile at "
+                      f"their first call", RuntimeWarning, stacklevel=2)
+    return {"jobs": names, "processes": 1 + len(others) if names else 0, "failed": failed,
+            "seconds": time.perf_counter() - start}
 
 
 if __name__ == "__main__":  # python -m simulator.precompile: compile what a report needs, then say what ran

@@ -1,5 +1,5 @@
-"""simulator.precompile: the jobs compile what they name, the plan shares them out, the processes run them and a
-job's failure or a stop reaches the caller."""
+"""simulator.precompile: the jobs compile what they name, the plan shares them out, the processes run them, a job
+that fails elsewhere is named and left to its first call, and a stop here ends the other processes."""
 from __future__ import annotations
 
 import importlib
@@ -85,6 +85,10 @@ def _job_fails():
     raise ValueError("a job that fails")
 
 
+def _job_dies():
+    os._exit(3)  # as a process the OS kills: no exception, no result
+
+
 def _fake_jobs(monkeypatch, tmp_path, jobs):
     monkeypatch.setenv("PRECOMPILE_TEST_DIR", str(tmp_path))
     monkeypatch.setattr(precompile, "JOBS", {name: (job, (), seconds) for name, (job, seconds) in jobs.items()})
@@ -94,7 +98,7 @@ def _fake_jobs(monkeypatch, tmp_path, jobs):
 def test_two_processes_run_their_shares(tmp_path, monkeypatch):
     _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "b": (_job_b, 1.0)})
     summary = precompile.precompile(processes=2)
-    assert summary["jobs"] == ["a", "b"] and summary["processes"] == 2
+    assert summary["jobs"] == ["a", "b"] and summary["processes"] == 2 and summary["failed"] == []
     assert (tmp_path / "a").read_text() == str(os.getpid())  # the largest share in this process
     assert (tmp_path / "b").read_text() != str(os.getpid())
 
@@ -105,10 +109,32 @@ def test_one_process_runs_all_here(tmp_path, monkeypatch):
     assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == str(os.getpid())
 
 
-def test_a_failing_job_in_another_process_is_reported_by_name(tmp_path, monkeypatch):
-    _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "broken": (_job_fails, 1.0)})
-    with pytest.raises(RuntimeError, match="broken.*a job that fails"):
-        precompile.precompile(processes=2)
+@pytest.mark.parametrize("job", [_job_fails, _job_dies], ids=["raises", "killed"])
+def test_a_job_that_fails_in_another_process_is_named_and_left_to_its_first_call(tmp_path, monkeypatch, job):
+    _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "broken": (job, 1.0)})
+    with pytest.warns(RuntimeWarning, match="broken failed in another process"):
+        summary = precompile.precompile(processes=2)
+    assert summary["failed"] == ["broken"]
+    assert (tmp_path / "a").read_text() == str(os.getpid())  # this process's share ran
+
+
+def test_where_no_process_starts_this_one_runs_every_job(tmp_path, monkeypatch):
+    import multiprocessing
+
+    class NoProcesses:
+        class Process:
+            def __init__(self, *args, **kwargs):
+                pass
+
+            def start(self):
+                raise OSError("no semaphores here")
+
+    _fake_jobs(monkeypatch, tmp_path, {"a": (_job_a, 2.0), "b": (_job_b, 1.0)})
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: NoProcesses)
+    with pytest.warns(RuntimeWarning, match="no semaphores here"):
+        summary = precompile.precompile(processes=2)
+    assert summary["failed"] == [] and summary["processes"] == 1
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() == str(os.getpid())
 
 
 def _job_stops():
