@@ -215,15 +215,15 @@ def precompile(processes: int | None = None) -> dict:
     context = multiprocessing.get_context("spawn")
     others, failed = [], []
     try:
-        for share in bins[1:]:
-            other = context.Process(target=_call, args=([JOBS[name][0] for name in share],), daemon=True)
-            other.start()
-            others.append((share, other))
-    except OSError as err:
-        warnings.warn(f"no process could be started to compile in ({err}): this one compiles the rest",
-                      RuntimeWarning, stacklevel=2)
-    started = {name for share, _ in others for name in share}
-    try:
+        try:
+            for share in bins[1:]:
+                other = context.Process(target=_call, args=([JOBS[name][0] for name in share],), daemon=True)
+                other.start()
+                others.append((share, other))
+        except OSError as err:
+            warnings.warn(f"no process could be started to compile in ({err}): this one compiles the rest",
+                          RuntimeWarning, stacklevel=2)
+        started = {name for share, _ in others for name in share}
         run_jobs([name for share in bins for name in share if name not in started])  # its share, and any left
         for share, other in others:
             other.join()
