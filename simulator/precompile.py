@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import sys
 import time
 import warnings
@@ -152,13 +153,14 @@ JOBS = {
 
 def cached(dispatcher) -> bool:
     """Whether Numba's cache holds machine code of the njit function ``dispatcher`` for this CPU and these
-    sources (any argument types). False where the function is not cached, or where this Numba keeps its cache
-    otherwise than 0.68 does (``numba.core.caching``: an index file of (signature, CPU, bytecode hashes) keys,
-    emptied where the source file's stamp changed)."""
+    sources (any argument types). False where the function is not cached, where its index cannot be read (a
+    partly written or unreadable file), or where this Numba keeps its cache otherwise than 0.68 does
+    (``numba.core.caching``: an index file of (signature, CPU, bytecode hashes) keys, emptied where the source
+    file's stamp changed)."""
     try:
         index = dispatcher._cache._cache_file._load_index()  # {} where the sources changed (the stamp differs)
         key = dispatcher._cache._index_key(None, dispatcher.targetctx.codegen())  # (sig, CPU, bytecode hashes)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, OSError, EOFError, pickle.UnpicklingError):
         return False
     return any(entry[1:] == key[1:] for entry in index)
 

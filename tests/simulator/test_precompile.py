@@ -59,8 +59,18 @@ def test_cached_follows_numba_cache_of_a_function(tmp_path, monkeypatch):
         sys.modules.pop("fresh_module", None)
 
 
-def test_cached_is_false_for_what_it_cannot_read():
+def test_cached_is_false_for_what_it_cannot_read(tmp_path, monkeypatch):
     assert not precompile.cached(len)
+    (tmp_path / "torn_module.py").write_text("from numba import njit\n\n@njit(cache=True)\ndef one():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("torn_module")
+    try:
+        assert module.one() == 1 and precompile.cached(module.one)
+        for index in (tmp_path / "__pycache__").glob("torn_module.one-*.nbi"):
+            index.write_bytes(index.read_bytes()[:20])  # an index cut short, as by a full disk
+        assert not precompile.cached(module.one)
+    finally:
+        sys.modules.pop("torn_module", None)
 
 
 def test_the_jobs_compile_their_sentinels():
