@@ -18,9 +18,9 @@ Nothing a job computes is kept; it measures nothing the report uses. To ask the 
 each job's kernels (``JOBS``' sentinels), private functions of ``kernels`` among them: the compiled functions
 themselves, which no public name reaches.
 
-Measured on the Zen 3 above, in a fresh clone with Numba's cache emptied: ``report --quick`` 112 and 126 s in two
-runs, the compile step 61 s of the first (two processes; the jobs one after another in one process: 103 s), against
-3 min 3 s when each kernel compiled at its first call; 44 s once the cache was warm.
+Measured on the Zen 3 above, in a fresh clone with Numba's cache emptied: ``report --quick`` 91 and 96 s in two
+runs, the compile step 51 and 56 s of them (two processes; the jobs one after another in one process: 103 s),
+against 3 min 3 s when each kernel compiled at its first call; 41 s once the cache was warm.
 """
 from __future__ import annotations
 
