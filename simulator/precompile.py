@@ -139,7 +139,7 @@ def _int8_and_the_rest():
 # name: (the job, its sentinels: the kernels whose compile dominates it, as module and function, and its seconds
 # alone from an empty cache on the Zen 3 above, each job in a process of its own: only to balance ``plan``)
 JOBS = {
-    "decode step": (_decode_step, (("kernels.decode._step", "_greedy"), ("kernels.decode._step", "_run")), 48.5),
+    "decode step": (_decode_step, (("kernels.decode._step", "_tokens"),), 33.2),
     "flash attention": (_flash, (("kernels.attn._numba_cpu", "flash_forward"),
                                  ("kernels.attn._numba_cpu", "combine_splits")), 13.1),
     "calibration": (_calibration, (("simulator.calibrate_phases", "_step_int8"),

@@ -95,6 +95,13 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       SmolLM2's int8 + int8 head ``generate`` of 48 tokens, the tree before and after in alternating fresh
       processes, two pairs of three rounds: 111.0-132.5 -> 177.4-196.7 tokens/s, 0.50-0.71 -> 0.76-0.87 of the
       bound that the all-core read after each round sets (weight bytes / read).
+  v15: the loop of tokens and the parallel region in one compiled function (``_tokens``, for ``greedy``, a call and
+      ``fixed_seconds`` alike) instead of ``_greedy`` calling ``_run``: Numba puts a caller through LLVM with its
+      callee's code linked in, so the worker's code went through it once less. 2-vCPU AMD EPYC (Zen 3), an empty
+      cache: the step's compile (greedy, a call, ``fixed_seconds``) 33.2 s, against 36.4-43.6 s for ``_greedy``'s
+      alone in four runs before. SmolLM2's int8 + int8 head ``generate`` of 48 tokens, medians of three rounds, six
+      pairs of fresh processes: 189.0-209.8 -> 172.7-212.5 tokens/s (faster in three; within the noise),
+      ``fixed_seconds(16)`` 0.518-0.557 -> 0.520-0.546 ms (one outlier of 0.798).
 """
 from __future__ import annotations
 
@@ -326,49 +333,66 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
                         _block(arena32, starts, shapes, j_next, layers[nxt]), first_task, last_task, rows[nxt], pair)
 
 
-@njit(parallel=True, cache=True)
-def _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r,
-         head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers):
-    # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
-    for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
-        # (worker as int64: the loop's index is int64 where Numba types the loop, uint64 in the function it makes
-        # of the loop's body, and each type would compile _worker once more, ~6 s on a 2-vCPU AMD EPYC, Zen 3)
-        _worker(np.int64(worker), n_workers, plan, counters, path, row_prefetch,
-                (arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes), lin_kind,
-                thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
+PRANGE_ONLY = {"comprehension": False, "reduction": False, "inplace_binop": False, "setitem": False, "numpy": False,
+               "stencil": False, "fusion": False, "prange": True}  # Numba's parallel options: the prange loop alone
+# runs on the pool; the token loop's copies, zeroing and argmax stay serial code on the calling thread
 
 
 @njit(cache=True)
-def _greedy(first, n_tokens, stop, embedding, cos_rows, sin_rows, tokens, n_workers, plan, counters, path,
+def _argmax(values):
+    """The index of the first of the largest values (``np.argmax`` of values that are all finite)."""
+    best = 0
+    for i in range(1, values.size):
+        if values[i] > values[best]:
+            best = i
+    return best
+
+
+@njit(parallel=PRANGE_ONLY, cache=True)
+def _tokens(first, n_tokens, stop, pick, embedding, cos_rows, sin_rows, tokens, n_workers, plan, counters, path,
             row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes, lin_kind,
             thresholds, norms, kv, bufs, quant_h, quant_i, scale, outliers):
-    """Greedy decoding in one compiled loop (``LlamaDecodeStep.greedy``): from token ``first`` on, up to
-    ``n_tokens`` tokens, each but ``stop`` written to ``tokens``, put through the step (``_run``) at its row of
-    cos_rows, sin_rows and at the slots kv[2], which then advance by one (not for a token whose logits are not all
-    finite: it ends the loop); the next token is the argmax of its logits. Returns (tokens decoded, the values that
-    are not finite in the last step's result, the next token)."""
+    """Up to ``n_tokens`` steps, each one parallel region of ``_worker``s over the plan, at row i of cos_rows,
+    sin_rows and at the slots kv[2], which then advance by one (not after a step whose result has values that are
+    not finite: it ends the loop). With ``pick`` (greedy decoding, ``LlamaDecodeStep.greedy``): from token ``first``
+    on, each token but ``stop`` written to ``tokens`` and its row of ``embedding`` put into x (bufs[0]) before its
+    step, the next token the argmax of its logits. Without (``__call__``: one step of the x given; ``stop`` -1),
+    x goes through as it is. Returns (steps run, the values that are not finite in the last step's result, the next
+    token).
+
+    One compiled function for both (v15): Numba puts a caller through LLVM with its callee's code linked in, and the
+    worker's code went through it once more where a loop of tokens called a region of its own."""
     x, logits, slots = bufs[0], bufs[8], kv[2]
     token = first
     for i in range(n_tokens):
         if token == stop:
             return i, 0, token
         tokens[i] = token
-        for j in range(x.size):  # x = embedding[token] (not a slice assignment: see flash_forward's Q_i)
-            x[j] = embedding[token, j]
-        counters[:] = 0
-        _run(n_workers, plan, counters, path, row_prefetch, arena32, head32, arena8, head8, blocks_a, head_a,
-             blocks_r, head_r, starts, shapes, lin_kind, thresholds, norms, kv, bufs, quant_h, quant_i,
-             (cos_rows[i], sin_rows[i], scale), outliers)
+        if pick:  # x = embedding[token] (element by element: a slice assignment compiles Numba's shape-mismatch
+            # message, ~3 s of a cold compile, for shapes that always match)
+            for j in range(x.size):
+                x[j] = embedding[token, j]
+        for c in range(counters.size):
+            counters[c] = 0
+        rot = (cos_rows[i], sin_rows[i], scale)
+        # (the weights' tuples as arguments of their own: a parallel loop takes no tuple of tuples of arrays)
+        for worker in prange(n_workers):  # one worker per thread; a worker that starts late finds its tasks taken
+            # (worker as int64: the loop's index is int64 where Numba types the loop, uint64 in the function it
+            # makes of the loop's body, and each type would compile _worker once more, ~6 s on the Zen 3)
+            _worker(np.int64(worker), n_workers, plan, counters, path, row_prefetch,
+                    (arena32, head32, arena8, head8, blocks_a, head_a, blocks_r, head_r, starts, shapes), lin_kind,
+                    thresholds, norms, kv, bufs, quant_h, quant_i, rot, outliers)
         not_finite = counters[counters.size - COUNTER_STRIDE]
         if not_finite:  # as ``__call__`` refuses it: its key and value written, its slot not taken
             return i, not_finite, token
         for layer in range(slots.size):
             slots[layer] += 1
-        token = np.argmax(logits)
+        if pick:
+            token = _argmax(logits)
     return n_tokens, 0, token
 
 
-GREEDY_TOKENS = 64  # tokens of one call of ``_greedy`` at most: about 0.5 s of SmolLM2 on two cores; the Python
+GREEDY_TOKENS = 64  # tokens of one call of ``_tokens`` at most: about 0.5 s of SmolLM2 on two cores; the Python
 # between two calls, about 0.5 ms, is 0.1% of that
 
 
@@ -502,6 +526,9 @@ class LlamaDecodeStep:
         # of values that are not finite
         self._counters = _lines((((numba.config.NUMBA_NUM_THREADS + 1) * n_steps + 1) * COUNTER_STRIDE,), np.int64)
         self._scale = np.float32(1.0 / np.sqrt(self.head_dim))  # as the per-layer path computes the scale
+        # ``_tokens``' arguments for a step that picks no token (``_region``): no embedding, one token's slot
+        self._no_embedding = np.empty((0, self.hidden), np.float32)
+        self._one_token = np.empty(1, np.int64)
         self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 products ask for their weight (``int8_rows``,
         # ``int8_panel_rows``); no value depends on it
         self._lock = threading.Lock()
@@ -604,8 +631,8 @@ class LlamaDecodeStep:
                 pieces, parts = self._pieces(longest // PIECE_SLOTS + 1)
                 plan = self._plan_for(True, n_workers, pieces)
                 steer_workers()
-                n, not_finite, token = _greedy(
-                    token, chunk, stop, embedding, cos[done:done + chunk], sin[done:done + chunk],
+                n, not_finite, token = _tokens(
+                    token, chunk, stop, True, embedding, cos[done:done + chunk], sin[done:done + chunk],
                     tokens[done:done + chunk], n_workers, plan, self._counters_for(plan, n_workers),  # zeroed there
                     path_marker(), self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
                     (keys, values, slots), self._bufs(self._x, parts),
@@ -636,12 +663,6 @@ class LlamaDecodeStep:
         not finite)."""
         return self._counters[:plan[0].size * (n_workers + 1) * COUNTER_STRIDE + COUNTER_STRIDE]
 
-    def _zeroed_counters(self, plan, n_workers):
-        """``_counters_for``, set to 0."""
-        counters = self._counters_for(plan, n_workers)
-        counters[:] = 0
-        return counters
-
     def _bufs(self, x, parts):
         """The region's buffers (``_worker``): the residual stream x, then the step's own, the attention's pieces
         in ``parts``."""
@@ -656,14 +677,18 @@ class LlamaDecodeStep:
         return pieces, self._parts[pieces]
 
     def _region(self, n_workers, plan, x, kv, rot, outliers, parts):
-        """Run ``plan`` once on the step's own buffers (the caller holds the lock), the attention's pieces in
-        ``parts`` (``_pieces``); the count of the result's values that are not finite."""
+        """Run ``plan`` once on x and the step's own buffers (the caller holds the lock), the attention's pieces in
+        ``parts`` (``_pieces``): one step of ``_tokens`` that picks no token, at a copy of the slots kv[2] (which it
+        advances); the count of the result's values that are not finite."""
         self._set_thresholds()
-        counters = self._zeroed_counters(plan, n_workers)
+        keys, values, slots = kv
+        cos, sin, scale = rot
         steer_workers()
-        _run(n_workers, plan, counters, path_marker(), self.row_prefetch, *self._weights, self._lin_kind,
-             self._thresholds, self._norms, kv, self._bufs(x, parts), *self._quant, rot, outliers)
-        return counters[counters.size - COUNTER_STRIDE]
+        _, not_finite, _ = _tokens(0, 1, -1, False, self._no_embedding, cos[None], sin[None], self._one_token,
+                                   n_workers, plan, self._counters_for(plan, n_workers), path_marker(),
+                                   self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
+                                   (keys, values, slots.copy()), self._bufs(x, parts), *self._quant, scale, outliers)
+        return not_finite
 
     @property
     def outlier_products(self) -> float:
