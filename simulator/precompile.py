@@ -18,9 +18,9 @@ Nothing a job computes is kept; it measures nothing the report uses. To ask the 
 each job's kernels (``JOBS``' sentinels), private functions of ``kernels`` among them: the compiled functions
 themselves, which no public name reaches.
 
-Measured on the Zen 3 above, in a fresh clone with Numba's cache emptied: ``report --quick`` 91 and 96 s in two
-runs, the compile step 51 and 56 s of them (two processes; the jobs one after another in one process: 103 s),
-against 3 min 3 s when each kernel compiled at its first call; 41 s once the cache was warm.
+Measured on the Zen 3 above, in a fresh clone with Numba's cache emptied (at 0161371, the decode step in one
+compiled function): ``report --quick`` 92 and 97 s in two runs, the compile step 49 and 50 s of them (two
+processes), against 3 min 3 s when each kernel compiled at its first call; 40 s once the cache was warm.
 """
 from __future__ import annotations
 
