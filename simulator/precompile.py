@@ -165,14 +165,14 @@ def cached(dispatcher) -> bool:
     return any(entry[1:] == key[1:] for entry in index)
 
 
-def needed(names=None) -> list[str]:
-    """The jobs (all of JOBS, or ``names``) with a sentinel that Numba's cache does not hold."""
+def needed() -> list[str]:
+    """The jobs of JOBS with a sentinel that Numba's cache does not hold."""
     import importlib
 
     def sentinels_cached(name):
         return all(cached(getattr(importlib.import_module(module), function)) for module, function in JOBS[name][1])
 
-    return [name for name in (JOBS if names is None else names) if not sentinels_cached(name)]
+    return [name for name in JOBS if not sentinels_cached(name)]
 
 
 def plan(names, processes: int) -> list[list[str]]:

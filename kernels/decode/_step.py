@@ -566,7 +566,7 @@ class LlamaDecodeStep:
         for name, a in (("cos", cos), ("sin", sin)):
             if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (half,):
                 raise ValueError(f"{name} must be a float32 array ({half},); got {np.shape(a)}")
-        slots = self._check_caches(keys, values, slots)
+        slots = self._check_caches(keys, values, slots)  # a copy (astype), which the region advances
         n_workers = numba.get_num_threads()
         pieces, parts = self._pieces(int(slots.max()) // PIECE_SLOTS + 1)  # as many as the longest layer needs
         plan = self._plan_for(bool(logits), n_workers, pieces)
@@ -678,16 +678,15 @@ class LlamaDecodeStep:
 
     def _region(self, n_workers, plan, x, kv, rot, outliers, parts):
         """Run ``plan`` once on x and the step's own buffers (the caller holds the lock), the attention's pieces in
-        ``parts`` (``_pieces``): one step of ``_tokens`` that picks no token, at a copy of the slots kv[2] (which it
-        advances); the count of the result's values that are not finite."""
+        ``parts`` (``_pieces``): one step of ``_tokens`` that picks no token, at the slots kv[2], which it advances
+        (the callers' own copies); the count of the result's values that are not finite."""
         self._set_thresholds()
-        keys, values, slots = kv
         cos, sin, scale = rot
         steer_workers()
         _, not_finite, _ = _tokens(0, 1, -1, False, self._no_embedding, cos[None], sin[None], self._one_token,
                                    n_workers, plan, self._counters_for(plan, n_workers), path_marker(),
                                    self.row_prefetch, *self._weights, self._lin_kind, self._thresholds, self._norms,
-                                   (keys, values, slots.copy()), self._bufs(x, parts), *self._quant, scale, outliers)
+                                   kv, self._bufs(x, parts), *self._quant, scale, outliers)
         return not_finite
 
     @property
@@ -728,8 +727,8 @@ class LlamaDecodeStep:
             for a in self._work:  # what the linears would have written: finite values of a hidden state's size
                 a[:] = rng.standard_normal(a.size, dtype=np.float32)
             for _ in range(calls + 1):  # the first call compiles nothing new but warms the buffers: not counted
-                x0 = x.copy()
+                x0, slots0 = x.copy(), slots.copy()  # (the region advances the slots it is given)
                 start = time.perf_counter()
-                self._region(n_workers, plan, x0, (keys, values, slots), rot, outliers, parts)
+                self._region(n_workers, plan, x0, (keys, values, slots0), rot, outliers, parts)
                 seconds.append(time.perf_counter() - start)
         return float(np.median(seconds[1:]))
