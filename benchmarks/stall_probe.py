@@ -2,17 +2,22 @@
 
 Every public kernel at a small and a large size, called ``--rounds`` times interleaved with NumPy BLAS calls and,
 where torch is importable, torch calls, as user code mixes them, and four controls of the machine's own spread
-(``_controls``); each call's wall time is recorded. With ``--decode``, SmolLM2's decode rate is measured first
-(fresh process) and again after the interleaved rounds.
-Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_tokens_per_s": {...}, "decode_rounds": {...: [rates,
-best single reads, sustained reads]}, "weight_bytes_per_token": ..., "pool": ...}.
+(``_controls``); each call's wall time is recorded. With ``--decode``, SmolLM2 is loaded (and its decode step
+compiled) first, and after the interleaved rounds the process serves decode rounds (``_serve``); with
+``--decode-only`` it loads the model and serves them at once: the fresh process whose rate the other's is held to.
+The benchmark asks the two for a round in turn (``test_bench_stalls.run_probe``), so that both see the host's memory
+of the same moment.
+Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_rounds": [rates, best single reads, sustained reads],
+"weight_bytes_per_token": ..., "pool": ...}.
 
-    python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode] [--no-torch] [--pause-ms 50]
+    python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode | --decode-only] [--no-torch]
+        [--pause-ms 50]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -159,17 +164,51 @@ def _decode_rate(model, prompt, tokens):
     return len(out) / timings["decode_s"]
 
 
-DECODE_TOKENS = 48  # tokens of a decode round
-DECODE_ROUNDS = 7  # decode runs, each followed by an all-core read of a DRAM-sized buffer: ~0.4 s a round. With
-# three, the best rate after the kernels was 178.0, 199.5 and 224.4 tokens/s in three runs on the 2-vCPU AMD EPYC
-# (KVM), whose memory speed moves within minutes: more than the drift the benchmark looks for
+DECODE_TOKENS = 48  # tokens of a decode round (~0.25 s on two cores)
+READY = "ready"  # what a serving process writes when it waits for its first round (``_serve``)
+
+
+def _load_model():
+    """SmolLM2 in int8 with the int8 LM head, its decode step compiled; a prompt; an all-core read's buffer of a
+    DRAM size (``simulator.calibrate.dram_test_bytes``)."""
+    from models.smollm2 import SmolLM2
+    from simulator.calibrate import dram_test_bytes, filled
+
+    model = SmolLM2(linear="int8", quantize_lm_head=True)
+    prompt = model.encode("Once upon a time")
+    model.generate(prompt, 4)  # compile
+    return model, prompt, filled(dram_test_bytes() // 4, 1.0, np.float32)
+
+
+def _serve(model, prompt, read_buffer, commands, answers):
+    """Decode rounds on request: writes READY, then for each line "round" of ``commands`` runs one round of
+    DECODE_TOKENS tokens followed by the reads beside it (``helpers.beside_reads``: the best single all-core pass
+    and a read as long as the round) and answers [rate, read, sustained read] as a JSON line; stops at "done" (or
+    the end of ``commands``). Returns the rounds' [rates, reads, sustained reads]."""
+    from helpers import beside_reads, sustained_read
+
+    round_bytes = DECODE_TOKENS * model.weight_bytes_per_token()
+    rounds = [[], [], []]
+    print(READY, file=answers, flush=True)
+    for line in commands:
+        if line.strip() != "round":
+            break
+        (rate,), (read,), (sustained,) = beside_reads(lambda: _decode_rate(model, prompt, DECODE_TOKENS),
+                                                      read_buffer, 1, lambda: sustained_read(read_buffer, round_bytes))
+        for values, value in zip(rounds, (rate, read, sustained)):
+            values.append(value)
+        print(json.dumps([rate, read, sustained]), file=answers, flush=True)
+    return rounds
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--decode", action="store_true", help="SmolLM2 decode before and after the rounds")
+    parser.add_argument("--decode", action="store_true",
+                        help="load SmolLM2 first; after the rounds, serve decode rounds on stdin/stdout")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="load SmolLM2 and serve decode rounds at once (no kernel rounds)")
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--torch-first", action="store_true",
                         help="import torch before kernels (its OpenMP runtime is then the one Numba uses)")
@@ -182,49 +221,33 @@ def main(argv=None):
         import kernels
     if use_torch:
         try:
-            import torch  # noqa: F401
+            import torch  # noqa: F401  (imported in the fresh process too: its import alone sets threading)
         except ImportError:
             use_torch = False
     import kernels
 
-    result = {"pool": kernels.pool_info(), "torch": use_torch, "decode_tokens_per_s": {}}
-    if args.decode:
-        from helpers import beside_reads, sustained_read
-        from models.smollm2 import SmolLM2
-        from simulator.calibrate import dram_test_bytes, filled
-
-        model = SmolLM2(linear="int8", quantize_lm_head=True)
-        prompt = model.encode("Once upon a time")
-        model.generate(prompt, 4)  # compile
-        read_buffer = filled(dram_test_bytes() // 4, 1.0, np.float32)
-
-        round_bytes = DECODE_TOKENS * model.weight_bytes_per_token()
-
-        def decode_rounds():  # the rates, each beside two reads of its own moment (helpers.beside_reads)
-            return beside_reads(lambda: _decode_rate(model, prompt, DECODE_TOKENS), read_buffer, DECODE_ROUNDS,
-                                lambda: sustained_read(read_buffer, round_bytes))
-
+    result = {"pool": kernels.pool_info(), "torch": use_torch}
+    decode = args.decode or args.decode_only
+    if decode:
+        model, prompt, read_buffer = _load_model()
         result["weight_bytes_per_token"] = model.weight_bytes_per_token()
-        result["decode_rounds"] = {"fresh": decode_rounds()}
-        result["decode_tokens_per_s"]["fresh"] = max(result["decode_rounds"]["fresh"][0])
-
-    rng = np.random.default_rng(0)
-    calls = _calls(rng, use_torch)
-    for fn in calls.values():  # compile and warm
-        fn()
-        fn()
-    if not args.pause_ms:  # the controls are for the spread of calls back to back
-        calls.update(_controls(calls["dense prefill 256×576→1536"], kernels.pool_info()["threads"]))
-    samples = {name: [] for name in calls}
-    for _ in range(args.rounds):
-        for name, fn in calls.items():
-            if args.pause_ms:
-                time.sleep(args.pause_ms / 1e3)
-            samples[name].append(_timed(fn))
-    result["samples_s"] = samples
-    if args.decode:
-        result["decode_rounds"]["after_kernels"] = decode_rounds()
-        result["decode_tokens_per_s"]["after_kernels"] = max(result["decode_rounds"]["after_kernels"][0])
+    if not args.decode_only:
+        rng = np.random.default_rng(0)
+        calls = _calls(rng, use_torch)
+        for fn in calls.values():  # compile and warm
+            fn()
+            fn()
+        if not args.pause_ms:  # the controls are for the spread of calls back to back
+            calls.update(_controls(calls["dense prefill 256×576→1536"], kernels.pool_info()["threads"]))
+        samples = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                if args.pause_ms:
+                    time.sleep(args.pause_ms / 1e3)
+                samples[name].append(_timed(fn))
+        result["samples_s"] = samples
+    if decode:
+        result["decode_rounds"] = _serve(model, prompt, read_buffer, sys.stdin, sys.stdout)
     with open(args.out, "w") as f:
         json.dump(result, f)
 

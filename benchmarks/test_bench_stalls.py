@@ -8,10 +8,10 @@ rate and >= 0.8 of the bound that the weight bytes per token and the all-core re
 a read taken right after it (``of_bound``: the median over the rounds), since a VM's read moves within minutes.
 The read is the best single pass over a DRAM-sized buffer (the bound the target names); ``of_sustained_read`` sets
 each round against a read of as many bytes as the round streamed instead (~250 ms, as long as the round), which
-leaves out the bursts that a best pass of ~10 ms catches on a shared host. ``decode_drift`` is the best rate after
-the kernels over the best fresh one; ``decode_drift_per_read`` the median over the rounds of each round's rate
-divided by the sustained read beside it, after the kernels over fresh, which takes out the host's memory speed
-moving between the two.
+leaves out the bursts that a best pass of ~10 ms catches on a shared host. The fresh rate is a second fresh process's
+that only loaded the model, its rounds and the others taken in turn (``run_probe``): ``decode_drift`` is the median
+rate after the kernels over the median fresh one; ``decode_drift_per_read`` the same of each round's rate divided
+by the sustained read beside it.
 
 Beside the calls, four controls give the spread that the machine itself adds at the dense prefill's length
 (``stall_probe._controls``): multiply-adds in registers on the calling thread and on the pool, the prefill's blocks
@@ -40,6 +40,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -85,12 +86,64 @@ def control_key(name, what):
     return name.replace(CONTROLS, "").replace(", ", "_").replace(" ", "_") + what
 
 
+DECODE_ROUNDS = 15  # decode rounds of each process, taken in turn: ~0.6 s a round with its reads. 2-vCPU AMD EPYC
+# (Zen 3, KVM): with 7, the rounds' rates spread over 152-212 tokens/s in one process and the medians of the two
+# processes differed by 7-10% in a noisy hour; with 15, by -1.4% and +1.8% in two runs of a quieter one
+
+
 def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
+    """The probe's result in a fresh process with ``option``'s threading. With ``--decode``, a second fresh process
+    of the same option that only loads SmolLM2 (``--decode-only``) is started first and waits; once the probe's
+    rounds are done, the two decode a round each in turn, DECODE_ROUNDS each (the order switching every pair), and
+    the result's "decode_rounds" holds both: {"fresh": ..., "after_kernels": ...}. Measured apart, a minute from
+    each other, the best fresh rate and the best one after the kernels differed by up to 10.6% on the 2-vCPU AMD
+    EPYC (KVM), whose all-core read moved between 20 and 34 GB/s within 90 s of one process that only decoded: in
+    turn, each pair sees the memory of one moment."""
     env_extra, flags = OPTIONS[option]
     env = child_env(env_extra)
-    cmd = [sys.executable, str(PROBE), "--rounds", str(rounds), "--out", str(out_path), *extra, *flags]
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=900)
-    return json.loads(Path(out_path).read_text())
+    cmd = [sys.executable, str(PROBE), "--rounds", str(rounds), *extra, *flags]
+    if "--decode" not in extra:
+        subprocess.run([*cmd, "--out", str(out_path)], check=True, env=env, cwd=ROOT, timeout=900)
+        return json.loads(Path(out_path).read_text())
+    fresh_out = Path(out_path).with_suffix(".fresh.json")
+    fresh_cmd = [sys.executable, str(PROBE), "--decode-only", "--out", str(fresh_out), *flags]
+    children = []
+    watchdog = threading.Timer(900, lambda: [child.kill() for child in children])  # as subprocess.run's timeout
+    watchdog.start()
+    try:
+        with subprocess.Popen(fresh_cmd, env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) as fresh:
+            children.append(fresh)
+            _await_ready(fresh)  # loaded and compiled before the other starts: it then only waits on its input
+            with subprocess.Popen([*cmd, "--out", str(out_path)], env=env, cwd=ROOT, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True) as after:
+                children.append(after)
+                _await_ready(after)
+                for i in range(DECODE_ROUNDS):
+                    for child in ((fresh, after) if i % 2 == 0 else (after, fresh)):
+                        child.stdin.write("round\n")
+                        child.stdin.flush()
+                        if not child.stdout.readline():
+                            raise RuntimeError(f"the stall probe ({option}) ended before its decode round")
+                for child in (fresh, after):
+                    child.communicate("done\n")
+                    if child.returncode:
+                        raise subprocess.CalledProcessError(child.returncode, child.args)
+    finally:
+        watchdog.cancel()
+    result = json.loads(Path(out_path).read_text())
+    result["decode_rounds"] = {"fresh": json.loads(fresh_out.read_text())["decode_rounds"],
+                               "after_kernels": result["decode_rounds"]}
+    return result
+
+
+def _await_ready(child):
+    """Wait for the probe ``child`` to ask for its first decode round (``stall_probe._serve``)."""
+    line = child.stdout.readline()
+    if line.strip() != "ready":
+        child.kill()
+        raise RuntimeError(f"the stall probe {child.args} did not get ready (it wrote {line!r}; exit code "
+                           f"{child.wait()})")
 
 
 PAUSE_MS = 50  # a program that pauses between calls: long enough for both vCPUs to idle (kernels/_common/affinity.py)
@@ -168,17 +221,16 @@ def test_stalls(benchmark, record, tmp_path, option):
         record({"bench": "stalls", "option": option, "call": name.replace(" ", "_"),
                 "median_ms": f"{median * 1e3:.3f}", "p90_ms": f"{p90(xs) * 1e3:.3f}",
                 "p90/median": f"{p90(xs) / median:.2f}"})
-    decode = result["decode_tokens_per_s"]
-    # the bound of each round after the other kernels from the read beside it (stall_probe._decode_rounds); its
-    # median over the rounds
+    # the bound of each round after the other kernels from the read beside it (stall_probe._serve); its median over
+    # the rounds
     rates, reads, sustained = result["decode_rounds"]["after_kernels"]
     of_bound = statistics.median(r * result["weight_bytes_per_token"] / b for r, b in zip(rates, reads))
     # the same against a read as long as the round (helpers.sustained_read): a shared host's bursts left out
     of_sustained = statistics.median(r * result["weight_bytes_per_token"] / b for r, b in zip(rates, sustained))
     bound = statistics.median(reads) / result["weight_bytes_per_token"]
-    # the drift with the host's memory speed taken out: each round's rate over the sustained read beside it, after
-    # the kernels against fresh (medians over the rounds). On the 2-vCPU AMD EPYC (KVM) the best fresh rate ranged
-    # 200-240 tokens/s over seven runs within two hours: the host's moves are as large as the drift the target bounds
+    # the rates after the kernels and fresh (rounds in turn: run_probe), medians; and each round's rate over the
+    # sustained read beside it, which takes out what the host's memory speed still moves between two rounds
+    decode = {when: statistics.median(result["decode_rounds"][when][0]) for when in ("fresh", "after_kernels")}
     per_read = {when: statistics.median(r / b for r, b in zip(*result["decode_rounds"][when][::2]))
                 for when in ("fresh", "after_kernels")}
     gemv = {n: statistics.median(samples[f"Int8Linear GEMV {n}²"]) for n in (2048, 4096)}
