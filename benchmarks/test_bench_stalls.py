@@ -253,4 +253,7 @@ def test_stalls(benchmark, record, tmp_path, option):
             "read_GB/s": f"{statistics.median(reads) / 1e9:.1f} ({min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f})",
             "bound_tok/s": f"{bound:.1f}", "of_bound": f"{of_bound:.2f}",
             "sustained_read_GB/s": f"{statistics.median(sustained) / 1e9:.1f}",
-            "of_sustained_read": f"{of_sustained:.2f}"})
+            "of_sustained_read": f"{of_sustained:.2f}",
+            # each round's rate, in the order taken: a drift that the medians show can be read pair by pair
+            **{f"decode_{when}_rounds": "/".join(f"{r:.0f}" for r in result["decode_rounds"][when][0])
+               for when in ("fresh", "after_kernels")}})
