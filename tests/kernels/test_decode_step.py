@@ -281,6 +281,21 @@ def test_a_result_with_one_value_that_is_not_finite_is_refused(rng, threads, int
             step(np.full(8, np.inf, np.float32), cs, cs, keys.copy(), keys.copy(), [1, 1], logits=False)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("logits", [True, False])
+def test_an_int8_step_refuses_a_nan_hidden_state(rng, int8_path, threads, logits):
+    """Int8 blocks and head: a NaN in x reaches every normed input, whose absmax is then NaN, and so the outputs.
+    The row quantization had compared floats and passed over NaN: the inputs quantized to zeros with a scale of 0,
+    and the logits came out all finite, and all zero."""
+    layers, an, fn, final, head = _model(rng, 2, 2, 1, 4, 8, 10, True, True, 6.0)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    keys, cs = rng.standard_normal((2, 1, 4, 4)).astype(np.float32), np.ones(2, np.float32)
+    x = rng.standard_normal(8).astype(np.float32)
+    x[3] = np.nan
+    with numba_threads(threads), pytest.raises(ValueError, match="not finite"):
+        step(x, cs, cs, keys, keys.copy(), [1, 1], logits=logits)
+
+
 @pytest.mark.parametrize("ahead", [0, PREFETCH_ROWS])  # the row prefetch off (AMD) and on (other vendors)
 @pytest.mark.parametrize("span", [7, 37])  # a quarter of one row and three alone; quarters of 9 and one alone
 @pytest.mark.parametrize("n, k", [(1, 1), (5, 63), (70, 64), (130, 200)])
