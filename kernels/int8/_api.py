@@ -118,8 +118,8 @@ def quantize_vectorwise(x, axis=-1):
                   and -np.ndim(x) <= axis < np.ndim(x))
     _check_float_type("x", x, "vectors")
     # float16 and float32 values are float32 values: the kernel's absmax, NaN or inf where a vector holds one, is
-    # checked after it (one pass over x instead of two: 128 x 1024 float32 on one thread, 2-vCPU AMD EPYC (Zen 3),
-    # 146 -> ~70 us); float64 may leave float32's range in the conversion, and is checked first
+    # checked after it, one pass over x instead of two (the check's own pass took 44-62 us of a ~180 us call at
+    # 128 x 1024 float32, 2-vCPU AMD EPYC, Zen 3); float64 may leave float32's range in the conversion: checked first
     check_after = valid_axis and x.dtype != np.float64
     if not check_after:
         _check_float("x", x, "vectors", axis=axis if valid_axis else None)  # x first, then the axis
