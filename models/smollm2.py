@@ -93,13 +93,37 @@ def _field_ints(reader, key):
     return [int(field.parts[i][0]) for i in field.data]
 
 
-def open_gguf(path):
-    """A ``gguf.GGUFReader`` of the file ``path`` (memory-mapped: nothing is dequantized yet); a file that is not a
-    GGUF (empty, truncated, another format) raises ``ValueError`` naming it."""
+@functools.lru_cache(maxsize=1)
+def _reader_class():
+    """``gguf.GGUFReader`` reading its fields from a plain ndarray view of the file's memory map.
+
+    Why: the reader parses every field when it is made, through ``_get``, one slice of ``np.memmap`` per value; a
+    memmap's slice runs Python code of NumPy's (``memmap.__getitem__``, ``__array_finalize__``) each time, and
+    SmolLM2's GGUF has 98k vocabulary and merge strings: ~250k slices, 4.8 s of a first model's construction on a
+    2-vCPU AMD EPYC (Zen 3). The same slices of a plain view of the same memory are NumPy's C path. ``_get`` is the
+    reader's own (gguf 0.10-0.19: a view of ``count`` values of ``dtype`` at ``offset``, in the file's byte order),
+    redone on that view; its values, and the tensors' memory-mapped data, are the same bytes of the file
+    (``tests/models/test_smollm2.py`` holds every field and tensor to gguf's own reader)."""
     import gguf
 
+    class Reader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None:
+                plain = self._plain = self.data.view(np.ndarray)
+            count = int(count)
+            end = offset + np.dtype(dtype).itemsize * count
+            arr = plain[offset:end].view(dtype=dtype)[:count]
+            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+    return Reader
+
+
+def open_gguf(path):
+    """A ``gguf.GGUFReader`` of the file ``path`` (memory-mapped: nothing is dequantized yet; ``_reader_class``); a
+    file that is not a GGUF (empty, truncated, another format) raises ``ValueError`` naming it."""
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = _reader_class()(str(path))
         reader.fields["llama.context_length"]  # (the one field this model needs that every SmolLM2 GGUF has)
     except (ValueError, KeyError, IndexError, OSError, struct.error) as err:
         raise ValueError(f"{path} is not a readable GGUF file of a Llama-architecture model: "

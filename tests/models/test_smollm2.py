@@ -186,3 +186,59 @@ def test_the_gguf_is_parsed_once_per_file_and_again_when_it_changes(tmp_path, gg
     copy.write_bytes(b"not a gguf at all")  # a file replaced by a bad one is parsed again, and refused
     with pytest.raises(ValueError, match="is not a readable GGUF file"):
         gguf_contents(copy)
+
+
+def _same_as_ggufs_reader(path):
+    """Every field and tensor that ``open_gguf`` reads from ``path`` equals what gguf's own reader reads."""
+    import gguf
+
+    from models.smollm2 import open_gguf
+
+    ours, theirs = open_gguf(path), gguf.GGUFReader(str(path))
+    assert list(ours.fields) == list(theirs.fields)
+    for name, field in theirs.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.data, mine.types) == (field.offset, field.data, field.types), name
+        assert len(mine.parts) == len(field.parts), name
+        for a, b in zip(mine.parts, field.parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, tensor in zip(ours.tensors, theirs.tensors):
+        assert (mine.tensor_type, mine.n_elements, mine.data_offset) == (tensor.tensor_type, tensor.n_elements,
+                                                                         tensor.data_offset), tensor.name
+        assert np.array_equal(mine.shape, tensor.shape) and mine.data.dtype == tensor.data.dtype
+        assert np.array_equal(mine.data, tensor.data) and not mine.data.flags.writeable, tensor.name
+    return ours
+
+
+def test_the_gguf_reads_as_ggufs_own_reader_reads_it(gguf_path):
+    _same_as_ggufs_reader(gguf_path)
+
+
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_a_written_gguf_reads_as_ggufs_own_reader_reads_it(tmp_path, rng, endian):
+    """A small GGUF of every kind of field (strings, arrays of strings and numbers, scalars of each width) and
+    tensors, written by gguf's writer in either byte order."""
+    import gguf
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=getattr(gguf.GGUFEndian, endian))
+    writer.add_string("general.name", "naïve ✓ model")
+    writer.add_array("tokenizer.ggml.tokens", ["<s>", "Ġthe", "ĠCafé", "", "✓" * 40])
+    writer.add_array("tokenizer.ggml.token_type", [3, 1, 1, 1, 1])
+    writer.add_array("some.floats", [0.5, -2.25, 1e-30])
+    writer.add_uint8("a.u8", 200)
+    writer.add_int16("a.i16", -3000)
+    writer.add_uint32("llama.context_length", 8192)
+    writer.add_int64("a.i64", -2**40)
+    writer.add_float64("a.f64", 1.0 / 3.0)
+    writer.add_bool("a.bool", True)
+    writer.add_tensor("w32", rng.standard_normal((3, 5)).astype(np.float32))
+    writer.add_tensor("w16", rng.standard_normal((7,)).astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader = _same_as_ggufs_reader(path)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    assert [bytes(tokens.parts[i]).decode() for i in tokens.data][2:] == ["ĠCafé", "", "✓" * 40]
