@@ -228,7 +228,9 @@ def main(argv=None):
 
     result = {"pool": kernels.pool_info(), "torch": use_torch}
     decode = args.decode or args.decode_only
+    protocol = sys.stdout  # the decode rounds' requests and answers (``_serve``); anything else printed goes to stderr
     if decode:
+        sys.stdout = sys.stderr
         model, prompt, read_buffer = _load_model()
         result["weight_bytes_per_token"] = model.weight_bytes_per_token()
     if not args.decode_only:
@@ -247,7 +249,7 @@ def main(argv=None):
                 samples[name].append(_timed(fn))
         result["samples_s"] = samples
     if decode:
-        result["decode_rounds"] = _serve(model, prompt, read_buffer, sys.stdin, sys.stdout)
+        result["decode_rounds"] = _serve(model, prompt, read_buffer, sys.stdin, protocol)
     with open(args.out, "w") as f:
         json.dump(result, f)
 
