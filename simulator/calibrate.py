@@ -12,6 +12,7 @@ import datetime as _dt
 import functools
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -263,7 +264,7 @@ def cpu_spec(force: bool = False) -> HardwareSpec:
     if spec is not None:
         return spec
     spec = calibrate()
-    save_atomically(user_cache_dir() / CACHE_FILE, cache_stamp() + spec.to_toml())
+    save_to_cache(user_cache_dir() / CACHE_FILE, cache_stamp() + spec.to_toml())
     return spec
 
 
@@ -273,3 +274,14 @@ def save_atomically(path, text):
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def save_to_cache(path, text):
+    """``save_atomically`` for a cache file: where it cannot be written (a read-only cache directory, or an
+    IOAWARE_CACHE_DIR that names a file) a ``RuntimeWarning`` says so and the caller goes on with what it measured;
+    the next run measures again."""
+    try:
+        save_atomically(path, text)
+    except OSError as err:
+        warnings.warn(f"could not write the cache file {path} ({err}); this machine is measured again next time",
+                      RuntimeWarning, stacklevel=2)

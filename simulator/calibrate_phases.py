@@ -25,7 +25,7 @@ from kernels.int8.panels import GROUP, PANEL_ROWS, layout_rows
 from kernels.int8.rows import ROW_PREFETCH, padded_k, path_marker, prepare
 
 from .calibrate import (CACHE_FILE, cache_stamp, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled,
-                        launch_overhead, machine_id, read_bandwidth_of, save_atomically, triad_bandwidth_of)
+                        launch_overhead, machine_id, read_bandwidth_of, save_to_cache, triad_bandwidth_of)
 from .hardware.spec import HardwareSpec
 from .measure import SETTLE_S, time_call, views
 
@@ -648,8 +648,8 @@ def cpu_phase_rates(force: bool = False):
     spec = cached_spec()
     if spec is None:  # both at once, over one buffer
         spec, rates = calibrate(with_phase_rates=True)
-        save_atomically(user_cache_dir() / CACHE_FILE, cache_stamp() + spec.to_toml())
+        save_to_cache(user_cache_dir() / CACHE_FILE, cache_stamp() + spec.to_toml())
     else:
         rates = phase_rates(spec=spec)
-    save_atomically(path, stamp + rates.to_toml())
+    save_to_cache(path, stamp + rates.to_toml())
     return PhaseRates.from_toml(stamp + rates.to_toml())

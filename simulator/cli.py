@@ -152,13 +152,16 @@ def _cost_table(named_costs, hw):
     return _format_table(["", *names], rows)
 
 
-def _default_tiles(hw) -> str:
-    """flash-attn's tiles on the GPUs flash-attn 2 runs on (what 'FlashAttention-2' runs there), this library's
-    CPU kernel's on the CPU, the paper's rule elsewhere."""
+def _default_tiles(hw, d, elem_bytes) -> str:
+    """flash-attn's tiles where flash-attn 2 runs the case (Ampere or newer GPUs, fp16/bf16, head dims up to 256:
+    what 'FlashAttention-2' runs there), this library's CPU kernel's on the CPU, the paper's rule elsewhere."""
+    from .costs.tile_shapes import FLASH_ATTN_HEAD_DIMS
+
     if hw.kind == "cpu":
         return "ioaware"
     cc = getattr(hw, "compute_capability", "")
-    return "flash-attn" if cc and float(cc) >= 8.0 else "paper"
+    runs = cc and float(cc) >= 8.0 and elem_bytes == 2 and d <= FLASH_ATTN_HEAD_DIMS[-1]
+    return "flash-attn" if runs else "paper"
 
 
 TILE_REASONS = {"paper": "FlashAttention's Br <= d rule (the analysis, not a shipped kernel)",
@@ -177,8 +180,8 @@ def _costs(args) -> int:
             print(f"error: --heads {args.heads} is not a multiple of --kv-heads {kv_heads}", file=sys.stderr)
             return 2
         shape = (args.batch, args.heads, kv_heads, args.n, args.n, args.d)
-        tiles = args.tiles or _default_tiles(hw)
-        kw = dict(causal=args.causal, elem_bytes=e, hw=hw)
+        tiles = args.tiles or _default_tiles(hw, args.d, e)
+        kw = dict(causal=args.causal, elem_bytes=e, hw=hw, flop_kind=args.dtype)  # the products at --dtype's rate
         named = {"standard": costs.standard_forward(*shape, **kw), "flash1": costs.flash1_forward(*shape, **kw),
                  "flash2": costs.flash2_forward(*shape, tiles=tiles, **kw)}
         title = (f"attention forward, B={args.batch}, heads={args.heads}/{kv_heads}, N={args.n}, d={args.d}, "
@@ -189,11 +192,12 @@ def _costs(args) -> int:
         if args.outliers > args.k:
             print(f"error: --outliers {args.outliers} exceeds the hidden size --k {args.k}", file=sys.stderr)
             return 2
-        named = {"dense": costs.dense(args.m, args.k, args.n, elem_bytes=e),
+        named = {"dense": costs.dense(args.m, args.k, args.n, elem_bytes=e, flop_kind=args.dtype),
                  "int8_split": costs.int8_split(args.m, args.k, args.n, args.outliers, elem_bytes=e)}
         title = f"matmul {args.m}×{args.k} · {args.k}×{args.n}, {args.outliers} outlier columns, on {hw.name}"
+    table = _cost_table(named, hw)  # (raises for a precision the hardware has no rate of: before any output)
     print(title)
-    print(_cost_table(named, hw))
+    print(table)
     return 0
 
 
@@ -261,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     attn.add_argument("--causal", action="store_true", help="causal mask")
     attn.add_argument("--tiles", choices=("paper", "flash-attn", "ioaware"),
                       help="FlashAttention-2's tile shapes: the paper's rule, flash-attn's, or this library's kernel's "
-                           "(default: flash-attn on Ampere and newer GPUs, ioaware on the CPU, else paper)")
+                           "(default: flash-attn where flash-attn 2 runs the case: Ampere and newer GPUs, fp16/bf16, "
+                           "d <= 256; ioaware on the CPU; else paper)")
     mm = what.add_parser("matmul", help="dense vs LLM.int8() split matmul",
                          description="Y = X·W: dense vs the LLM.int8() split matmul.")
     mm.add_argument("--m", type=_positive, default=1, help="rows of X (tokens; default 1)")

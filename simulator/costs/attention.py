@@ -9,7 +9,9 @@ picks the tile shapes: ``"paper"`` (FlashAttention's Br <= d rule, the default),
 (the kernels' own, ``tile_shapes.py``); explicit Br and Bc override all three.
 
 Sizes are plain integers or NumPy arrays. ``elem_bytes`` is the precision of Q, K, V, S, P, O (2 for fp16/bf16);
-statistics (m, l, lse, D) and accumulators are float32. GQA: Hq query heads share Hkv key/value heads, and the
+statistics (m, l, lse, D) and accumulators are float32. ``flop_kind`` is the rate the products run at on ``hw``
+(``HardwareSpec.peak``: "fp16", the default, "bf16", "fp32"; a float32 attention on a GPU runs at its "fp32" rate,
+not its tensor cores' fp16 one). GQA: Hq query heads share Hkv key/value heads, and the
 query heads of a group are packed into one tile, so each K/V tile is loaded once per query block for the whole
 group (as the ioaware kernels do); batch multiplies everything.
 """
@@ -102,7 +104,7 @@ def _useful(B, Hq, Nq, Nk, d, causal, per_pair_flops=4):
 
 
 def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_bytes=None, Br=None, Bc=None,
-                     separate_mask=False, dropout=False, hw=None) -> Cost:
+                     separate_mask=False, dropout=False, hw=None, flop_kind="fp16") -> Cost:
     """Standard attention (FlashAttention, Algorithm 0): S = QKᵀ written, softmax reads S and writes P, PV reads P.
 
     The two matmuls are tiled GEMMs: a query block of Br rows stays on chip while the K or V tiles stream past,
@@ -155,7 +157,7 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
     # just read (a hit)
     kernels = [
         kernel("qk", reads={"Q": q_bytes, "K": kv_tiled}, writes={"S": s_bytes},
-               flops=2 * B * Hq * Nq * Nk * d, sram_peak_bytes=gemm_sram,
+               flops=2 * B * Hq * Nq * Nk * d, flop_kind=flop_kind, sram_peak_bytes=gemm_sram,
                dram_reads={"Q": q_bytes, "K": kv_dram}, dram_writes={"S": s_bytes}),
     ]
     if masked:
@@ -171,14 +173,14 @@ def standard_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_
                               sram_peak_bytes=e * Nk, dram_reads={"P": miss["dropout"] * p_bytes},
                               dram_writes={"P": miss["dropout"] * p_bytes}))
     kernels.append(kernel("pv", reads={"P": p_bytes, "V": kv_tiled}, writes={"O": o_bytes},
-                          flops=2 * B * Hq * Nq * Nk * d, sram_peak_bytes=gemm_sram,
+                          flops=2 * B * Hq * Nq * Nk * d, flop_kind=flop_kind, sram_peak_bytes=gemm_sram,
                           dram_reads={"P": miss["pv"] * p_bytes, "V": kv_dram}, dram_writes={"O": o_bytes}))
     return Cost("standard", tuple(kernels), _useful(B, Hq, Nq, Nk, d, causal),
                 {"Br": Br, "Bc": Bc})
 
 
 def flash2_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_bytes=None, Br=None,
-                   Bc=None, hw=None, tiles="paper") -> Cost:
+                   Bc=None, hw=None, tiles="paper", flop_kind="fp16") -> Cost:
     """FlashAttention-2 forward (Dao 2023, Algorithm 1): outer loop over query blocks, inner over K/V tiles.
 
     Q is read once and O and lse written once; K and V are loaded once per query block (Tr times, fewer with a
@@ -217,13 +219,13 @@ def flash2_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
             chain = B * Hkv * causal_chain_rows(Nq, Nk, Br, Bc, threshold) * d * e
             kv_dram = np.where(causal, np.minimum(kv_tiled, chain), kv_dram)
         dram_reads = {"Q": reads["Q"], "K": kv_dram, "V": kv_dram}
-    k = kernel("flash2_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys,
+    k = kernel("flash2_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys, flop_kind=flop_kind,
                sram_peak_bytes=sram_peak, dram_reads=dram_reads)
     return Cost("flash2", (k,), _useful(B, Hq, Nq, Nk, d, causal), {"Br": Br, "Bc": Bc, "Tr": tr, "tiles": tiles})
 
 
 def flash1_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_bytes=None, Br=None,
-                   Bc=None, hw=None) -> Cost:
+                   Bc=None, hw=None, flop_kind="fp16") -> Cost:
     """FlashAttention-1 forward (Dao et al. 2022, Algorithm 1): outer loop over K/V tiles, inner over query blocks.
 
     K and V are read once; O, l and m are initialized in HBM (line 2), and for every (query block, K/V tile) pair
@@ -259,12 +261,12 @@ def flash1_forward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_by
             kept_writes = np.where(init_kept, 1, 2) * rows * row_bytes[t]
             dram_reads[t] = kept_reads + f * (reads[t] - kept_reads)
             dram_writes[t] = kept_writes + f * (writes[t] - kept_writes)
-    k = kernel("flash1_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys,
+    k = kernel("flash1_fwd", reads=reads, writes=writes, flops=4 * d * B * Hq * sum_rows_keys, flop_kind=flop_kind,
                sram_peak_bytes=sram_peak, dram_reads=dram_reads, dram_writes=dram_writes)
     return Cost("flash1", (k,), _useful(B, Hq, Nq, Nk, d, causal), {"Br": Br, "Bc": Bc, "Tr": tr})
 
 
-def standard_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2) -> Cost:
+def standard_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, flop_kind="fp16") -> Cost:
     """Standard attention backward from the stored P (FlashAttention, Algorithm 3 / Theorem 5 context).
 
     dV = Pᵀ dO; dP = dO Vᵀ; dS = P ∘ (dP − D) with D = rowsum(dO ∘ O); dQ = dS K; dK = dSᵀ Q. Each operand is
@@ -276,17 +278,17 @@ def standard_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2) -> C
     kv_like = B * Hkv * Nk * d * e
     mm = 2 * B * Hq * Nq * Nk * d
     kernels = (
-        kernel("dv", reads={"P": nn, "dO": q_like}, writes={"dV": kv_like}, flops=mm),
-        kernel("dp", reads={"dO": q_like, "V": kv_like}, writes={"dP": nn}, flops=mm),
+        kernel("dv", reads={"P": nn, "dO": q_like}, writes={"dV": kv_like}, flops=mm, flop_kind=flop_kind),
+        kernel("dp", reads={"dO": q_like, "V": kv_like}, writes={"dP": nn}, flops=mm, flop_kind=flop_kind),
         kernel("ds", reads={"P": nn, "dP": nn, "O": q_like, "dO": q_like}, writes={"dS": nn}, flops=0),
-        kernel("dq", reads={"dS": nn, "K": kv_like}, writes={"dQ": q_like}, flops=mm),
-        kernel("dk", reads={"dS": nn, "Q": q_like}, writes={"dK": kv_like}, flops=mm),
+        kernel("dq", reads={"dS": nn, "K": kv_like}, writes={"dQ": q_like}, flops=mm, flop_kind=flop_kind),
+        kernel("dk", reads={"dS": nn, "Q": q_like}, writes={"dK": kv_like}, flops=mm, flop_kind=flop_kind),
     )
     return Cost("standard_bwd", kernels, _useful(B, Hq, Nq, Nk, d, causal, per_pair_flops=8))
 
 
 def flash2_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_bytes=None, Br=None,
-                    Bc=None, hw=None) -> Cost:
+                    Bc=None, hw=None, flop_kind="fp16") -> Cost:
     """FlashAttention-2 backward (Dao 2023, Algorithm 2): recomputes P from Q, K and lse instead of storing it.
 
     A preprocessing kernel computes D = rowsum(dO ∘ O). The main kernel loops over K/V tiles (outer: K_j, V_j read
@@ -328,19 +330,21 @@ def flash2_backward(B, Hq, Hkv, Nq, Nk, d, *, causal=False, elem_bytes=2, sram_b
     kernels = (
         kernel("bwd_preprocess", reads={"dO": q_like, "O": q_like}, writes={"D": B * Hq * Nq * STAT_BYTES}),
         kernel("flash2_bwd", reads=main_reads, writes=main_writes, flops=10 * d * B * Hq * sum_rows_keys,
+               flop_kind=flop_kind,
                sram_peak_bytes=sram_peak, dram_reads=main_dram_reads, dram_writes=main_dram_writes),
         kernel("dq_convert", reads={"dQ_acc": dq_bytes}, writes={"dQ": q_like}, dram_reads=convert_dram),
     )
     return Cost("flash2_bwd", kernels, _useful(B, Hq, Nq, Nk, d, causal, per_pair_flops=8))
 
 
-def decode(B, Hq, Hkv, n_cached, d, *, elem_bytes=2, capacity=None, sram_bytes=None, Bc=None, hw=None) -> Cost:
+def decode(B, Hq, Hkv, n_cached, d, *, elem_bytes=2, capacity=None, sram_bytes=None, Bc=None, hw=None,
+           flop_kind="fp16") -> Cost:
     """One decode step of one layer: a single new query per sequence against a KV cache of ``n_cached`` tokens,
     pruned to ``capacity`` tokens when given (SnapKV, StreamingLLM, H2O keep that many). The kernel is the
     flash forward with Nq = 1: K and V of the kept tokens are read once, per kv head."""
     n_cached, = check_sizes(n_cached=n_cached)
     n_kept = n_cached if capacity is None else np.minimum(n_cached, check_sizes(capacity=capacity)[0])
     cost = flash2_forward(B, Hq, Hkv, 1, n_kept, d, causal=True, elem_bytes=elem_bytes, sram_bytes=sram_bytes,
-                          Br=1, Bc=Bc, hw=hw)
+                          Br=1, Bc=Bc, hw=hw, flop_kind=flop_kind)
     return Cost("decode" if capacity is None else "decode_pruned", cost.kernels, cost.useful_flops,
                 {**cost.params, "kept_tokens": n_kept})

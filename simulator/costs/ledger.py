@@ -16,6 +16,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ..hardware.spec import FLOP_KINDS
+
 
 def _frozen(mapping):
     return MappingProxyType(dict(mapping))
@@ -67,7 +69,9 @@ class KernelCost:
 def kernel(name, *, reads=None, writes=None, flops=0.0, flop_kind="fp16", sram_peak_bytes=0, dram_reads=None,
            dram_writes=None) -> KernelCost:
     """A ``KernelCost``; ``dram_reads``/``dram_writes`` default to the tile traffic (no shared cache). A tensor
-    left out of a given DRAM map moves no DRAM bytes."""
+    left out of a given DRAM map moves no DRAM bytes. ``flop_kind``: the peak its FLOPs run at (``FLOP_KINDS``)."""
+    if flop_kind not in FLOP_KINDS:
+        raise ValueError(f"flop_kind must be one of {', '.join(FLOP_KINDS)}; got {flop_kind!r}")
     return KernelCost(name, _frozen(reads or {}), _frozen(writes or {}), flops, flop_kind, sram_peak_bytes,
                       None if dram_reads is None else _frozen(dram_reads),
                       None if dram_writes is None else _frozen(dram_writes))

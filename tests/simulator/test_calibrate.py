@@ -68,3 +68,19 @@ def test_the_code_stamp_follows_the_kernels_source(tmp_path, monkeypatch):
         assert stamp() != first
     finally:
         calibrate.code_stamp.cache_clear()
+
+
+def test_a_cache_directory_that_cannot_be_written_is_warned_of(tmp_path, monkeypatch, capsys):
+    # IOAWARE_CACHE_DIR below a file: the spec is measured and used, the cache left with a warning (the CLI's
+    # --hardware cpu used to end in a traceback there)
+    from simulator.cli import main
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    monkeypatch.setenv("IOAWARE_CACHE_DIR", str(a_file / "cache"))
+    with pytest.warns(RuntimeWarning, match="could not write the cache file"):
+        hw = calibrate.cpu_spec()
+    monkeypatch.setattr(calibrate, "calibrate", lambda: hw)  # measured again each time: no cache
+    with pytest.warns(RuntimeWarning, match="could not write the cache file"):
+        assert main(["costs", "matmul", "--hardware", "cpu"]) == 0
+    assert "on cpu (" in capsys.readouterr().out

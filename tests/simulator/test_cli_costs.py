@@ -33,3 +33,24 @@ def test_tiles_can_be_chosen_and_are_named(capsys):
     assert "flash2 tiles: paper" in capsys.readouterr().out
     assert main(["costs", "attention", "--n", "2048", "--hardware", "T4", "--tiles", "flash-attn"]) == 2
     assert "Ampere" in capsys.readouterr().err
+
+
+def test_dtype_sets_the_rate_the_products_run_at(capsys):
+    """--dtype fp32 prices the FLOPs at the fp32 peak, not the tensor cores' fp16 one; a precision the hardware has
+    no rate of is refused before any output."""
+    from simulator.hardware import load
+
+    h100 = load("H100-SXM")
+    for dtype, kind in (("fp16", "fp16"), ("fp32", "fp32")):
+        assert main(["costs", "matmul", "--m", "4096", "--k", "4096", "--n", "4096", "--dtype", dtype]) == 0
+        compute_us = float(_row(capsys.readouterr().out, "compute us")[0])
+        assert abs(compute_us - 2 * 4096**3 / h100.peak(kind) * 1e6) < 0.1
+    assert main(["costs", "attention", "--n", "4096", "--dtype", "fp32"]) == 0
+    fp32_us = [float(x) for x in _row(capsys.readouterr().out, "compute us")]
+    assert main(["costs", "attention", "--n", "4096", "--dtype", "fp16"]) == 0
+    fp16_us = [float(x) for x in _row(capsys.readouterr().out, "compute us")]
+    ratio = h100.peak("fp16") / h100.peak("fp32")
+    assert all(abs(a / b - ratio) < 1e-2 * ratio for a, b in zip(fp32_us, fp16_us))  # (printed to 0.1 us)
+    assert main(["costs", "attention", "--n", "1024", "--dtype", "bf16", "--hardware", "T4"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "T4 has no bf16 rate" in err
