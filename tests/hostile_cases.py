@@ -129,6 +129,17 @@ def cases():
     for label, bad in (("None", None), ("float32", x.copy()), ("1-d", x_i8.reshape(-1)), ("K-mismatch",
                                                                                           x_i8[:, :31])):
         out.append((f"int8_gemm:x_i8={label}", int8.int8_gemm, (bad, w_i8), {}, "x_i8", None))
+    # a weight made of the caller's arrays: the kernels read them as raw rows (a short absmax was read past its end)
+    absmax = np.abs(w).max(axis=1).astype(np.float32)  # (8,)
+    array_cases("Int8Weight", int8.Int8Weight, (w_i8, absmax), {}, ("w_i8",))
+    array_cases("Int8Weight", lambda a, w_i8: int8.Int8Weight(w_i8, a), (absmax, w_i8), {}, ("absmax",),
+                skip=("1-d",))  # (it is one already)
+    for label, bad in (("short", absmax[:1]), ("negative", -absmax), ("nan", np.full_like(absmax, np.nan))):
+        out.append((f"Int8Weight:absmax={label}", int8.Int8Weight, (w_i8, bad), {}, "absmax", None))
+    for name, args in (("w_fp16", (w_i8, absmax, w[:, :31].astype(np.float16))),
+                       ("w_row_sums", (w_i8, absmax, None, np.zeros(3, np.int32))),
+                       ("w_row_sums", (w_i8, absmax, None, np.zeros(8, np.int64)))):
+        out.append((f"Int8Weight:{name}={args[-1].dtype}{args[-1].shape}", int8.Int8Weight, args, {}, name, None))
     from simulator import tiles
 
     q64, k64 = q.astype(np.float64)[:, :, :16], k.astype(np.float64)[:, :, :16]

@@ -144,7 +144,12 @@ class Int8Weight:
     row-wise: one absmax per output feature (LLM.int8() §3.2, vector-wise), so each output is a dot product of two
     contiguous int8 rows; optionally a float16 copy for the outlier input features; and the row sums
     Σ_k w_i8[n, k] that the dot-product path subtracts its activation offset with (computed here once when not
-    given)."""
+    given).
+
+    The arrays are checked when it is made (dtype, shape; absmax finite and >= 0) and kept C-contiguous (a copy
+    where they are not): the kernels read them as raw rows. Given row sums are taken as they are (checking them is
+    a pass over the weight, which is what computing them costs); measurements that do not need correct outputs
+    pass zeros."""
 
     w_i8: np.ndarray  # (N, K) int8
     absmax: np.ndarray  # (N,) float32
@@ -152,6 +157,25 @@ class Int8Weight:
     w_row_sums: np.ndarray | None = field(default=None, repr=False)  # (N,) int32
 
     def __post_init__(self):
+        for name, dtype, optional in (("w_i8", np.int8, False), ("absmax", np.float32, False),
+                                      ("w_fp16", np.float16, True), ("w_row_sums", np.int32, True)):
+            a = getattr(self, name)
+            if a is None and optional:
+                continue
+            if not isinstance(a, np.ndarray) or a.dtype != dtype:
+                raise TypeError(f"Int8Weight's {name} must be a numpy.ndarray of {np.dtype(dtype).name}; got "
+                                f"{getattr(a, 'dtype', type(a).__name__)}")
+            object.__setattr__(self, name, np.ascontiguousarray(a))
+        if self.w_i8.ndim != 2 or 0 in self.w_i8.shape:
+            raise ValueError(f"Int8Weight's w_i8 must be (N, K) with N, K >= 1; got shape {self.w_i8.shape}")
+        N, K = self.w_i8.shape
+        for name, shape in (("absmax", (N,)), ("w_fp16", (N, K)), ("w_row_sums", (N,))):
+            a = getattr(self, name)
+            if a is not None and a.shape != shape:
+                raise ValueError(f"Int8Weight's {name} must have shape {shape} for w_i8 {self.w_i8.shape}; got "
+                                 f"{a.shape}")
+        if not (np.isfinite(self.absmax).all() and (self.absmax >= 0).all()):
+            raise ValueError("Int8Weight's absmax must be finite and >= 0 (each row's largest magnitude)")
         if self.w_row_sums is None:
             sums = np.empty(self.w_i8.shape[0], dtype=np.int32)  # (N,)
             with serial_if_small(multiply_adds=self.w_i8.size):  # a pass over the int8 weight, as a GEMV's
