@@ -93,10 +93,16 @@ def _check_batch(ids, lengths, name, vocab):
         raise TypeError(f"{name} must be a 2-D integer array (batch, tokens); got {ids.dtype} {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"{name} holds ids outside [0, {vocab})")
-    lengths = np.full(ids.shape[0], ids.shape[1]) if lengths is None else np.asarray(lengths)
-    if lengths.shape != (ids.shape[0],) or lengths.min() < 1 or lengths.max() > ids.shape[1]:
-        raise ValueError(f"{name} lengths must be one integer in [1, {ids.shape[1]}] per sequence; got {lengths}")
-    return ids, lengths
+    return ids, _check_lengths(lengths, ids.shape[0], ids.shape[1], name)
+
+
+def _check_lengths(lengths, batch, n, name):
+    """The valid tokens of each of ``batch`` sequences of ``n`` (all n where None): one integer in [1, n] each."""
+    lengths = np.full(batch, n) if lengths is None else np.asarray(lengths)
+    if lengths.shape != (batch,) or not np.issubdtype(lengths.dtype, np.integer) or lengths.min(initial=1) < 1 \
+            or lengths.max(initial=n) > n:
+        raise ValueError(f"{name} lengths must be one integer in [1, {n}] per sequence ({batch}); got {lengths}")
+    return lengths
 
 
 class Transformer:
@@ -106,6 +112,9 @@ class Transformer:
         missing = set(weight_shapes(cfg)) - set(weights)
         if missing:
             raise ValueError(f"weights lack {len(missing)} parameters, e.g. {sorted(missing)[:3]}")
+        for name, shape in weight_shapes(cfg).items():  # (a bias of shape (1,) would broadcast silently)
+            if np.shape(weights[name]) != tuple(shape):
+                raise ValueError(f"weights[{name!r}] must have shape {tuple(shape)}; got {np.shape(weights[name])}")
         self.cfg = cfg
         self.w = {name: np.ascontiguousarray(a, dtype=np.float32) for name, a in weights.items()}
         self.trace = None
@@ -180,7 +189,12 @@ class Transformer:
     def decode(self, tgt_ids, memory, src_lengths=None, tgt_lengths=None):
         """The decoder stack over the encoder's ``memory``, then the output projection: logits (B, Nt, vocab)."""
         tgt_ids, tgt_lengths = _check_batch(tgt_ids, tgt_lengths, "tgt_ids", self.cfg.vocab)
-        src_lengths = np.full(memory.shape[0], memory.shape[1]) if src_lengths is None else np.asarray(src_lengths)
+        if not isinstance(memory, np.ndarray) or memory.ndim != 3 or memory.dtype.kind != "f" \
+                or memory.shape[0] != tgt_ids.shape[0] or memory.shape[2] != self.cfg.d_model or not memory.shape[1]:
+            raise ValueError(f"memory must be the encoder's float array (batch, source tokens, d_model) = "
+                             f"({tgt_ids.shape[0]}, Ns >= 1, {self.cfg.d_model}), one sequence per target; got "
+                             f"{getattr(memory, 'dtype', type(memory).__name__)} {np.shape(memory)}")
+        src_lengths = _check_lengths(src_lengths, memory.shape[0], memory.shape[1], "src_ids")
         x = self._embed(tgt_ids, "target")
         for i in range(self.cfg.n_layers):
             p = f"dec{i}."

@@ -70,3 +70,21 @@ def test_bad_input_is_refused(rng):
         model.forward(src.astype(float), src)
     with pytest.raises(ValueError, match="lack"):
         Transformer(cfg, {})
+    weights = random_weights(cfg, rng)
+    with pytest.raises(ValueError, match=r"weights\['enc0.self.bq'\] must have shape"):
+        Transformer(cfg, {**weights, "enc0.self.bq": np.zeros(1, np.float32)})  # it would broadcast
+
+
+def test_decode_refuses_lengths_and_memory_that_do_not_fit(rng):
+    # decode's own source lengths and memory: a batch row the lengths left out came back uncomputed (np.empty)
+    cfg = CONFIGS[0]
+    model = Transformer(cfg, random_weights(cfg, rng))
+    src, tgt = rng.integers(0, cfg.vocab, (2, 4)), rng.integers(0, cfg.vocab, (2, 3))
+    memory = model.encode(src)
+    for lengths in ([4], [0, 4], [9, 4], [2.5, 4]):
+        with pytest.raises(ValueError, match="src_ids lengths"):
+            model.decode(tgt, memory, lengths)
+    for bad in (memory[:1], memory[:, :0], memory[..., :-1], memory.tolist(), memory.astype(np.int32)):
+        with pytest.raises(ValueError, match="memory must be"):
+            model.decode(tgt, bad)
+    assert np.array_equal(model.decode(tgt, memory, [4, 4]), model.decode(tgt, memory))
