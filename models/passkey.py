@@ -71,7 +71,7 @@ def make_case(encode, n_tokens: int, depth: float, seed: int) -> PasskeyCase:
     needle = encode(_needle(passkey))
     budget = n_tokens - len(head) - len(tail) - len(needle)
     if budget < 16:
-        raise ValueError(f"n_tokens={n_tokens} leaves no room for a haystack (needs > {n_tokens - budget + 16})")
+        raise ValueError(f"n_tokens={n_tokens} leaves no room for a haystack (needs >= {n_tokens - budget + 16})")
     sentences = [encode(" " + s) for s in FILLER]
     hay = []
     while len(hay) < budget:
@@ -95,7 +95,13 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
     """Passkey accuracy rows: one per (n, depth, policy, capacity), n the prompt's tokens, with the full cache as
     policy "full"; ``on_row`` (optional) gets each row as soon as it exists (so a long run loses nothing when
     stopped). Each prompt is prefilled once; every policy compresses a copy of that prefill's cache and decodes
-    greedily."""
+    greedily. Contexts that the model's own (``context_length``) cannot hold with the answer's tokens are refused
+    before any runs."""
+    limit = getattr(model, "context_length", None)
+    too_long = [n for n in contexts if limit is not None and n + max_new_tokens > limit]
+    if too_long:
+        raise ValueError(f"contexts {too_long} and max_new_tokens {max_new_tokens} exceed the model's context of "
+                         f"{limit} tokens")
     rows = []
     for n_tokens in contexts:
         for i, depth in enumerate(depths):

@@ -155,10 +155,13 @@ def _gguf_contents(path: str, size: int, mtime_ns: int):
     and process (``size`` and ``mtime_ns`` key a file that changed). Parsing the vocabulary's and merges' 98k
     strings took 2.2 s of a model's 3.6-3.9 s construction (2-vCPU Xeon); a report builds three to five models."""
     reader = open_gguf(path)
-    eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
-    context_length = int(reader.fields["llama.context_length"].parts[-1][0])
-    return (load_tokenizer(reader).to_str(), eps, context_length,
-            tuple((t.name, t.tensor_type, t.data) for t in reader.tensors))
+    try:
+        eps = float(reader.fields["llama.attention.layer_norm_rms_epsilon"].parts[-1][0])
+        context_length = int(reader.fields["llama.context_length"].parts[-1][0])
+        tokenizer = load_tokenizer(reader).to_str()
+    except KeyError as err:  # (a raw KeyError and its traceback before)
+        raise ValueError(f"{path} lacks the GGUF field {err.args[0]!r}, which SmolLM2 needs") from None
+    return tokenizer, eps, context_length, tuple((t.name, t.tensor_type, t.data) for t in reader.tensors)
 
 
 def gguf_contents(path):
@@ -333,8 +336,12 @@ class SmolLM2:
         """Logits (N, vocab) for ``token_ids`` at positions start .. start + N − 1, extending ``cache``
         (the final-normed hidden states (N, hidden) instead with ``logits=False``). A list passed as ``queries``
         receives each layer's rotated queries (Hq, N, d), which a cache policy such as SnapKV scores."""
+        token_ids = self._check_ids(token_ids, "token_ids")  # (a negative id wrapped around the vocabulary)
+        if self.context_length is not None and start + len(token_ids) > self.context_length:
+            raise ValueError(f"positions {start} .. {start + len(token_ids) - 1} exceed the model's context of "
+                             f"{self.context_length} tokens")
         if len(token_ids) == 1 and queries is None and self.lean_decode:
-            return self._decode_step(int(token_ids[0]), cache, start, logits)
+            return self._decode_step(token_ids[0], cache, start, logits)
         cfg = self.config
         x = self.embedding[np.asarray(token_ids)]  # (N, hidden)
         n = x.shape[0]
@@ -444,7 +451,9 @@ class SmolLM2:
 
     def negative_log_likelihood(self, token_ids, chunk=256):
         """Σ −log p(token_t | tokens < t) over t = 1 .. N − 1, one prefill, the LM head applied in chunks."""
-        ids = np.asarray(token_ids)
+        ids = np.asarray(self._check_ids(token_ids, "token_ids"))
+        if ids.size < 2:
+            raise ValueError(f"token_ids must hold at least 2 tokens (the first is only context); got {ids.size}")
         hidden = self.forward(ids, self.new_cache(), 0, logits=False)  # (N, hidden)
         total = 0.0
         for r0 in range(0, ids.size - 1, chunk):
@@ -592,26 +601,31 @@ class SmolLM2:
         finally:  # the slots of the tokens decoded (a refused token's slot is not taken: ``greedy``)
             lengths[:] = slots.tolist()
 
-    def _check_ids(self, ids) -> list[int]:
+    def _check_ids(self, ids, name="prompt_ids") -> list[int]:
         """A non-empty sequence of token ids within the vocabulary (a negative id wrapped around it before)."""
-        ids = list(ids) if not isinstance(ids, (str, bytes)) else None
+        try:
+            ids = list(ids) if not isinstance(ids, (str, bytes)) else None
+        except TypeError:  # not iterable: an int, None
+            raise TypeError(f"{name} must be a sequence of token ids; got {type(ids).__name__}") from None
         if not ids:
-            raise ValueError("prompt_ids must be a non-empty sequence of token ids (encode a non-empty text)")
+            raise ValueError(f"{name} must be a non-empty sequence of token ids (encode a non-empty text)")
         if not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in ids):
-            raise TypeError("prompt_ids must hold integer token ids")
+            raise TypeError(f"{name} must hold integer token ids")
         bad = [int(i) for i in ids if not 0 <= i < self.config.vocab]
         if bad:
-            raise ValueError(f"token ids must be in [0, {self.config.vocab}); got {bad[:5]}")
+            raise ValueError(f"{name}: token ids must be in [0, {self.config.vocab}); got {bad[:5]}")
         return [int(i) for i in ids]
 
     @staticmethod
     def _pick(logits, temperature, top_k, top_p, rng):
         if temperature == 0:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / temperature
-        if top_k is not None:
+        z = logits.astype(np.float64)
+        with np.errstate(over="ignore"):  # the largest at 0 first: a tiny temperature takes the others to −inf,
+            z = (z - z.max()) / temperature  # not every logit to ±inf and their differences to NaN
+        if top_k is not None and top_k < z.size:  # (a top_k past the vocabulary keeps every token)
             z[z < np.sort(z)[-top_k]] = -np.inf
-        p = np.exp(z - z.max())
+        p = np.exp(z)
         p /= p.sum()
         if top_p is not None:
             order = np.argsort(-p)

@@ -39,8 +39,24 @@ def test_cases_are_reproducible_and_differ_by_seed():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="depth must be within"):
         passkey.make_case(byte_encode, 800, 1.5, seed=0)
-    with pytest.raises(ValueError, match="n_tokens=100 leaves no room"):
+    with pytest.raises(ValueError, match="n_tokens=100 leaves no room") as refused:
         passkey.make_case(byte_encode, 100, 0.5, seed=0)
+    least = int(str(refused.value).split("needs >= ")[1].rstrip(")"))  # the message's least length is taken
+    assert len(passkey.make_case(byte_encode, least, 0.5, seed=0).ids) == least
+    with pytest.raises(ValueError, match="leaves no room"):
+        passkey.make_case(byte_encode, least - 1, 0.5, seed=0)
+
+
+def test_contexts_past_the_models_are_refused_before_any_run():
+    class Model:  # a model with a context of 1024 tokens, which nothing may call
+        context_length = 1024
+
+        def __getattr__(self, name):
+            raise AssertionError(f"evaluate used the model ({name}) before refusing")
+
+    with pytest.raises(ValueError, match=r"contexts \[1020\] and max_new_tokens 8 exceed the model's context of "
+                                         r"1024 tokens"):
+        passkey.evaluate(Model(), contexts=[512, 1020], max_new_tokens=8)
 
 
 @pytest.mark.parametrize("answer, found", [(" 12345. It", True), ("12345", True), ("1234", False),

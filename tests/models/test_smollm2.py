@@ -242,3 +242,20 @@ def test_a_written_gguf_reads_as_ggufs_own_reader_reads_it(tmp_path, rng, endian
     reader = _same_as_ggufs_reader(path)
     tokens = reader.fields["tokenizer.ggml.tokens"]
     assert [bytes(tokens.parts[i]).decode() for i in tokens.data][2:] == ["ĠCafé", "", "✓" * 40]
+
+
+def test_a_gguf_without_a_field_the_model_needs_is_refused_by_name(tmp_path):
+    import gguf
+
+    from models.smollm2 import gguf_contents
+
+    path = tmp_path / "no_eps.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("llama.context_length", 8192)  # a Llama GGUF (open_gguf), without RMSNorm's epsilon
+    writer.add_tensor("w32", np.ones((2, 3), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="lacks the GGUF field 'llama.attention.layer_norm_rms_epsilon'"):
+        gguf_contents(path)

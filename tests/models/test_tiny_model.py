@@ -164,6 +164,41 @@ def test_bad_token_ids_are_refused(model, ids, pattern):
         model.generate(ids, 2)
 
 
+@pytest.mark.parametrize("ids, error, pattern", [
+    ([5, -1], ValueError, r"token_ids: token ids must be in \[0, 50\)"),  # wrapped around the vocabulary before
+    ([5, 50], ValueError, r"token_ids: token ids must be in \[0, 50\)"),
+    ([5], ValueError, "at least 2 tokens"),  # ZeroDivisionError before
+    ([5.0, 6.0], TypeError, "integer token ids"),
+    (5, TypeError, "sequence of token ids"),
+])
+def test_the_evaluations_refuse_bad_token_ids(model, ids, error, pattern):
+    for evaluate in (model.perplexity, model.negative_log_likelihood, model.outlier_statistics):
+        if evaluate.__name__ == "outlier_statistics" and pattern == "at least 2 tokens":
+            continue  # (one token has statistics)
+        with pytest.raises(error, match=pattern):
+            evaluate(ids)
+
+
+def test_forward_refuses_positions_past_the_context(model, monkeypatch):
+    monkeypatch.setattr(model, "context_length", 8)
+    model.forward([1, 2, 3], model.new_cache(), 5)  # positions 5 .. 7
+    for ids, start in (([1, 2, 3], 6), ([1], 8)):
+        with pytest.raises(ValueError, match="exceed the model's context of 8 tokens"):
+            model.forward(ids, model.new_cache(), start)
+
+
+def test_sampling_past_the_vocabulary_or_at_a_tiny_temperature(model, rng):
+    # top_k above the vocabulary ended in an IndexError; a temperature of 1e-308 in NaN probabilities
+    logits = rng.standard_normal(50).astype(np.float32)
+    pick = model._pick(logits, 1.0, 10**6, None, np.random.default_rng(0))
+    assert pick == model._pick(logits, 1.0, None, None, np.random.default_rng(0))
+    for temperature in (1e-308, 5e-324):
+        assert model._pick(logits, temperature, None, None, rng) == int(np.argmax(logits))
+        assert model._pick(logits, temperature, 3, 0.5, rng) == int(np.argmax(logits))
+    assert model.generate([1, 2, 3], 3, temperature=1.0, top_k=10**6) == model.generate([1, 2, 3], 3,
+                                                                                        temperature=1.0)
+
+
 def test_a_growing_cache_keeps_k_and_v_alike():
     # the doubling read K's new capacity before growing V: V became twice K (found by rope_attend's shape check)
     from models.kv_cache import KVCache
