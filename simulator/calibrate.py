@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from kernels.cpuinfo import cache_sizes, cpu_model, user_cache_dir
 
-from .hardware.spec import HardwareSpec, from_toml
+from .hardware.spec import HardwareSpec, from_toml, safe_name
 from .measure import time_call
 
 CACHE_FILE = "cpu-spec.toml"
@@ -164,7 +164,8 @@ def launch_overhead() -> float:
 
 
 def machine_id() -> str:
-    return f"{cpu_model()} x{os.cpu_count()}"
+    """The CPU's model and logical cores, as the ``cpu`` spec's name holds them (``safe_name``)."""
+    return f"{safe_name(cpu_model())} x{os.cpu_count()}"
 
 
 def triad_bandwidth_of(buffer, repeats: int = 5) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,15 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 PRESET_DIR = Path(__file__).with_name("presets")
+NAME_CHARACTERS = re.compile(r"[\w .,:;()+/@-]")  # what a spec's name may hold (letters, digits, spaces, these
+# marks): it goes into the reports' Markdown tables and headings, HTML and TOML, where | < > * ` " \ # and line
+# breaks are markup
+
+
+def safe_name(text: str) -> str:
+    """``text`` (a CPU's model string, say) with every character outside ``NAME_CHARACTERS`` made a space and the
+    spaces collapsed; real model names ("Intel(R) Xeon(R) Platinum 8480+ @ 2.00GHz") keep every character."""
+    return " ".join("".join(c if NAME_CHARACTERS.fullmatch(c) else " " for c in str(text)).split()) or "unknown"
 
 # Shared memory serves 32 banks × 4 B = 128 B per clock per SM (CUDA programming guide, "Shared Memory"); the
 # aggregate SRAM bandwidth is derived from it (FlashAttention §2.1 quotes ~19 TB/s for A100 = 108 × 128 B × 1.41 GHz).
@@ -78,15 +88,25 @@ class HardwareSpec:
     measured_on: str = ""  # ISO date of a calibration (the ``cpu`` spec); empty for datasheet presets
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not 1 <= len(self.name) <= 80 or not all(
+                NAME_CHARACTERS.fullmatch(c) for c in self.name):
+            raise ValueError(f"a spec's name must be 1-80 letters, digits, spaces and . , : ; ( ) + / @ - _ (it is "
+                             f"printed into Markdown, HTML and TOML); got {self.name!r}")
         if self.kind not in ("gpu", "cpu"):
             raise ValueError(f"{self.name}: kind must be 'gpu' or 'cpu'; got {self.kind!r}")
         for key, field, _ in _FIELDS:
             value = getattr(self, field)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{self.name}: {key} must be a finite number >= 0; got {value!r}")
-        if not isinstance(self.l2_bandwidth, (int, float)) or not math.isfinite(self.l2_bandwidth) \
-                or self.l2_bandwidth < 0:
-            raise ValueError(f"{self.name}: l2_gb_per_s must be a finite number >= 0; got {self.l2_bandwidth!r}")
+        for key, field in (("l2_gb_per_s", "l2_bandwidth"), ("sram_gb_per_s", "sram_bandwidth_measured")):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{self.name}: {key} must be a finite number >= 0; got {value!r}")
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int):
+            raise ValueError(f"{self.name}: sm_count must be a whole number; got {self.sm_count!r}")
+        if self.compute_capability and not re.fullmatch(r"[1-9][0-9]?\.[0-9]", self.compute_capability):
+            raise ValueError(f"{self.name}: compute_capability must be major.minor, as \"9.0\"; got "
+                             f"{self.compute_capability!r}")
         for field in ("hbm_bytes", "hbm_bandwidth", "sram_per_sm_bytes", "sm_count", "fp32_flops"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{self.name}: {field} must be > 0; got {getattr(self, field)!r}")
@@ -168,6 +188,8 @@ def from_toml(text: str, origin: str = "<toml>") -> HardwareSpec:
             raise ValueError(f"{origin}: {key} must be a number; got {raw!r}")
         if raw < 0:
             raise ValueError(f"{origin}: {key} must be >= 0; got {raw!r}")
+        if field == "sm_count" and raw != int(raw):
+            raise ValueError(f"{origin}: {key} must be a whole number; got {raw!r}")  # (131.9 became 131)
         values[field] = int(raw) if field == "sm_count" else raw * factor
     return HardwareSpec(**values)
 

@@ -15,6 +15,7 @@ from .. import costs
 from ..calibrate import dram_test_bytes, filled
 from ..calibrate_phases import phase_rates
 from ..costs import phases
+from ..hardware.spec import safe_name
 from ..measure import peak_memory, time_call
 from .charts import ALGO_COLORS, figure, save
 from .core import RunContext, Section, planned, read_csv, write_csv
@@ -90,7 +91,7 @@ def machine_section(ctx: RunContext) -> Section:
     cpu = ctx.cpu
     ctx.step("calibrate the per-phase rates")
     rates = rates_now(ctx)
-    rows = [{"property": "cpu_model", "value": cpu_model()},
+    rows = [{"property": "cpu_model", "value": safe_name(cpu_model())},  # (no markup from the CPU's string)
             {"property": "logical_cores", "value": os.cpu_count()},
             {"property": "numba_threads", "value": pool["threads"]},
             {"property": "threading_layer", "value": pool["threading_layer"]},

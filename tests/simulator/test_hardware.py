@@ -1,6 +1,7 @@
 """Hardware specs: sourced presets, user TOML files, validation (this machine's calibration: test_calibrate.py)."""
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -63,6 +64,16 @@ def test_user_toml_round_trips(tmp_path):
     (lambda t: t.replace('kind = "gpu"', 'kind = "tpu"'), "kind must be 'gpu' or 'cpu'"),
     (lambda t: t.replace("sm_count = 58", 'sm_count = "58"'), "sm_count must be a number"),
     (lambda t: t.replace("hbm_gb_per_s = 300", "hbm_gb_per_s = 0"), "hbm_bandwidth must be > 0"),
+    (lambda t: t.replace("sm_count = 58", "sm_count = 57.9"), "sm_count must be a whole number"),  # (57 before)
+    (lambda t: t + "\nsram_gb_per_s = nan\n", "sram_gb_per_s must be a finite number"),  # (accepted before)
+    (lambda t: t.replace('compute_capability = "8.9"', 'compute_capability = "sm_89"'), "compute_capability must"),
+    (lambda t: t.replace('compute_capability = "8.9"', 'compute_capability = "8.90"'), "compute_capability must"),
+    # a name is printed into the reports' Markdown and HTML and into TOML: markup and quotes are refused
+    (lambda t: t.replace('name = "L4"', 'name = "L4 | x"'), "name must be 1-80 letters"),
+    (lambda t: t.replace('name = "L4"', 'name = "L4\\n## Injected"'), "name must be 1-80 letters"),
+    (lambda t: t.replace('name = "L4"', 'name = "<script>alert(1)</script>"'), "name must be 1-80 letters"),
+    (lambda t: t.replace('name = "L4"', 'name = "a\\"b"'), "name must be 1-80 letters"),
+    (lambda t: t.replace('name = "L4"', 'name = ""'), "name must be 1-80 letters"),
 ])
 def test_bad_specs_raise(edit, message):
     text = (spec_module.PRESET_DIR / "L4.toml").read_text()
@@ -106,3 +117,16 @@ def test_ctas_in_flight_follow_the_sram_and_the_registers():
     assert h100.ctas_in_flight(48 * 1024, threads_per_cta=128, registers_per_thread=255) == 132 * 2
     cpu = hardware.replace(h100, kind="cpu", sm_count=2)
     assert cpu.ctas_in_flight(48 * 1024) == 2  # one task per core
+
+
+def test_a_cpu_model_string_becomes_a_safe_name(monkeypatch):
+    # the calibrated spec's name and the report's machine table come from /proc/cpuinfo's string
+    from simulator import calibrate
+
+    assert spec_module.safe_name("Intel(R) Xeon(R) Platinum 8480+ @ 2.00GHz") == \
+        "Intel(R) Xeon(R) Platinum 8480+ @ 2.00GHz"
+    monkeypatch.setattr(calibrate, "cpu_model", lambda: 'EVIL | <b>x</b> `y` "z"\n## h')
+    name = f"cpu ({calibrate.machine_id()})"
+    assert name == f"cpu (EVIL b x /b y z h x{os.cpu_count()})"
+    hw = hardware.replace(hardware.load("L4"), name=name)
+    assert hardware.from_toml(hw.to_toml()) == hw  # the round trip the calibration makes
