@@ -40,6 +40,31 @@ def _positive(text):
     return value
 
 
+def _seed(text):
+    """argparse type: a seed of NumPy's generators, a whole number >= 0 (checked before anything runs)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def out_problem(text: str | None) -> str | None:
+    """Why ``--out`` (a run directory that a command creates) cannot be used, or None: an empty string, a path that
+    exists (nothing is written over) or one whose parent cannot be written."""
+    if text is None:
+        return None
+    if not text.strip():
+        return "--out must name a directory; got an empty string (leave --out out for the default)"
+    out = Path(text)
+    if out.exists() or out.is_symlink():
+        return f"--out {out} already exists; choose another directory"
+    problem = _unwritable_parent(out)
+    return f"--out {out}: {problem}" if problem else None
+
+
 def _unwritable_parent(out: Path) -> str | None:
     """Why the run directory ``out`` cannot be created, or None: its nearest existing ancestor must be a writable
     directory (the report is built beside ``out`` and renamed into place)."""
@@ -74,18 +99,12 @@ def _report(args) -> int:
     from .calibrate import cpu_spec
     from .report import SECTIONS, build_report, default_out_dir, planned_steps
 
-    if args.out is not None and not args.out.strip():
-        print("error: --out must name a directory; got an empty string (leave --out out for the default)",
-              file=sys.stderr)
-        return 2
-    out = Path(args.out) if args.out is not None else default_out_dir()
-    if out.exists():
-        print(f"error: --out {out} already exists; choose another directory", file=sys.stderr)
-        return 2
-    problem = _unwritable_parent(out)
+    out = args.out if args.out is not None else str(default_out_dir())
+    problem = out_problem(out)
     if problem:
-        print(f"error: --out {out}: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    out = Path(out)
     total = 2 + planned_steps(SECTIONS, args.quick)  # the spec, the compiles, the sections' steps (tqdm: an ETA)
     with _stopped_cleanly_by("SIGTERM", "SIGHUP"), tqdm(desc="report", unit="step", total=total,
                                                         file=sys.stderr, disable=args.no_progress) as bar:
@@ -246,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>T<time>-cpu)")
     report.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
                         help=f"hardware for the predicted sections (default {DEFAULT_HARDWARE})")
-    report.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    report.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
     report.add_argument("--recalibrate", action="store_true", help="measure this machine again, ignoring the cache")
     report.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     report.set_defaults(func=_report)
@@ -298,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .explain import add_subcommand as add_explain
 
-    add_explain(commands, _hardware, _positive)
+    add_explain(commands, _hardware, _positive, _seed)
     return parser
 
 

@@ -26,6 +26,12 @@ def _explain(args) -> int:
             print(f"{name.ljust(width)}  {topic_module(name).SUMMARY}")
         print("\nioaware explain TOPIC [--out DIR] shows one; --help lists the options.")
         return 0
+    from ..cli import out_problem
+
+    problem = out_problem(args.out)  # as the report: a page is never written over another, nor into "."
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     show = _printer()
     show(f"# {topic_module(args.topic).TITLE}")
     start = time.perf_counter()
@@ -36,15 +42,16 @@ def _explain(args) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
-    if args.out:
+    if args.out is not None:
         print(f"written to {args.out}/index.md and {args.out}/index.html ({len(lesson.files)} charts)",
               file=sys.stderr)
     print(f"{args.topic}: {seconds:.1f} s", file=sys.stderr)
     return 0
 
 
-def add_subcommand(commands, hardware_type, positive) -> None:
-    """Add ``explain`` to the CLI's subparsers (``hardware_type``, ``positive``: the CLI's argparse types)."""
+def add_subcommand(commands, hardware_type, positive, seed) -> None:
+    """Add ``explain`` to the CLI's subparsers (``hardware_type``, ``positive``, ``seed``: the CLI's argparse
+    types)."""
     from models import PRESETS
 
     p = commands.add_parser("explain", help="lessons of IO-aware inference, computed by this library",
@@ -52,7 +59,7 @@ def add_subcommand(commands, hardware_type, positive) -> None:
                                         "the tile simulator. Without TOPIC: the list of topics.")
     p.add_argument("topic", nargs="?", choices=list(TOPICS), metavar="TOPIC", help=", ".join(TOPICS))
     p.add_argument("--out", metavar="DIR", help="also write index.md, index.html, PNG charts and GIF animations")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--n", type=positive, help="sequence length (softmax-tiles, transformer)")
     p.add_argument("--tile", type=positive, help="tile size (softmax-tiles: key tile; flash-tiles: tiles per side)")
     p.add_argument("--hardware", type=hardware_type, metavar="NAME|FILE.toml", help="preset for kv-cache, "

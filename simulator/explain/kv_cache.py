@@ -69,6 +69,9 @@ def _draw(path, cfg, hw, capacity):
 def run(lesson, *, preset="llama-3.1-8b", context=32768, capacity=1024, hardware="H100-SXM"):
     cfg = get_config(preset) if isinstance(preset, str) else preset
     hw = load(hardware) if isinstance(hardware, str) else hardware
+    if capacity >= context:  # (it printed "keeps 100,000 of the 2,048 prompt tokens ... 1× less")
+        raise ValueError(f"capacity must be below the context ({context:,} tokens): SnapKV prunes a cache to a "
+                         f"smaller budget; got {capacity:,}")
     lesson.heading("Bytes per token of context")
     lesson.say("Every layer keeps K and V of every token for every kv head: 2 · layers · kv heads · head dim · "
                f"{ELEM_BYTES} bytes (fp16) per token (`models.kv_cache_bytes_per_token`).")
@@ -87,7 +90,7 @@ def run(lesson, *, preset="llama-3.1-8b", context=32768, capacity=1024, hardware
                      num(kv_cache_bytes_per_token(dataclasses.replace(cfg, n_kv_heads=cfg.n_heads), ELEM_BYTES)
                          / kv_cache_bytes_per_token(v, ELEM_BYTES))])
     lesson.table(["variant", "KV bytes / token", f"at {context:,} tokens", "smaller than MHA by"], rows)
-    full, kept = kv_cache_bytes(cfg, context), kv_cache_bytes(cfg, min(capacity, context))
+    full, kept = kv_cache_bytes(cfg, context), kv_cache_bytes(cfg, capacity)
     lesson.heading(f"A SnapKV budget of {capacity:,} tokens")
     lesson.say(f"SnapKV keeps {capacity:,} of the {context:,} prompt tokens per kv head and layer: the cache of "
                f"{cfg.name} shrinks from {_gb(full)} to {_gb(kept)}, {num(full / kept)}× less.")

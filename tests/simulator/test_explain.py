@@ -216,6 +216,23 @@ def test_the_command_prints_plain_text_when_piped(capsys):
     assert "| llama-3.1-8b |" in out and "\x1b[" not in out
 
 
+def test_the_command_never_writes_over_a_directory(tmp_path, capsys, monkeypatch):
+    # as the report: an existing --out (an example report's, say) and "" (the current directory) were written into
+    (tmp_path / "index.md").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    for out in (str(tmp_path), "", "  "):
+        assert main(["explain", "kv-cache", "--out", out]) == 2
+        assert "--out" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.md"] and (tmp_path / "index.md").read_text() == "mine"
+    assert main(["explain", "kv-cache", "--out", "page"]) == 0
+    assert (tmp_path / "page" / "index.html").is_file()
+    assert main(["explain", "kv-cache", "--context", "2048", "--capacity", "100000"]) == 2
+    assert "capacity must be below the context (2,048 tokens)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a negative seed, before anything runs
+        main(["explain", "softmax-tiles", "--seed", "-1"])
+    assert "--seed: must be >= 0" in capsys.readouterr().err
+
+
 OPTIONS = {"softmax-tiles": {"n": 16, "tile": 4}, "flash-tiles": {"tile": 2}, "outliers": {"context": 16},
            "snapkv": {"context": 600, "capacity": 64}, "kv-cache": {}, "transformer": {"n": 256}}
 
