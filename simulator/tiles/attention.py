@@ -29,15 +29,30 @@ def _shapes(q, k, v, Br, Bc, sram_bytes=1, elem_bytes=1):
     """The schedule's sizes, checked as the cost model checks them: 4-D q, k, v with every dimension >= 1, k and v
     alike, Hkv dividing Hq, and whole tile sizes, SRAM and element sizes >= 1 (a Br < 0 ran no tile before)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in "fiu":
+            raise TypeError(f"{name} must be a real numpy.ndarray; got {getattr(x, 'dtype', type(x).__name__)}")
         if np.ndim(x) != 4 or 0 in np.shape(x):
             raise ValueError(f"{name} must be a 4-D array (B, H, N, d) with every dimension >= 1; got shape "
                              f"{np.shape(x)}")
+        if not np.isfinite(x).all():  # (the schedules read −inf as "no key seen yet": a NaN row became zeros)
+            raise ValueError(f"{name} must be finite: the simulator counts the schedule's bytes on real values "
+                             f"(kernels.attention gives NaN and ±inf their documented results)")
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     if Hq % Hkv or k.shape != v.shape or k.shape[-1] != d or k.shape[0] != B:
         raise ValueError(f"incompatible shapes q {q.shape}, k {k.shape}, v {v.shape}")
     Br, Bc, _, _ = (int(x) for x in check_sizes(Br=Br, Bc=Bc, sram_bytes=sram_bytes, elem_bytes=elem_bytes))
     return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv, min(Br, Nq), min(Bc, Nk)
+
+
+def _scale(scale, d):
+    """The softmax scale: 1/sqrt(d) by default, else a finite real number."""
+    if scale is None:
+        return 1 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number (or None: 1/sqrt(d)); got {scale!r}")
+    return float(scale)
 
 
 def _machine(sram_bytes, l2_bytes, concurrent, schedule="waves") -> Machine:
@@ -71,7 +86,7 @@ def flash2_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
                    concurrent=1, schedule="waves") -> SimResult:
     """FlashAttention-2 forward (Dao 2023, Algorithm 1): Q_i stays on chip, K_j and V_j stream past it."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    scale = _scale(scale, d)
     e, offset = elem_bytes, Nk - Nq
     mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     mach.kernel("flash2_fwd")
@@ -120,7 +135,7 @@ def flash1_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2, s
     """FlashAttention-1 forward (Dao et al. 2022, Algorithm 1): K_j, V_j stay on chip while every query block
     that sees them is loaded with its O_i, l_i, m_i from HBM, updated, and written back."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    scale = _scale(scale, d)
     e, offset = elem_bytes, Nk - Nq
     mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     mach.kernel("flash1_fwd")
@@ -182,7 +197,7 @@ def standard_forward(q, k, v, *, causal=False, Br, Bc, sram_bytes, elem_bytes=2,
     (one read of a row when its float32 copy fits in SRAM, else an online max/sum pass and a normalizing pass);
     O = P V tile by tile."""
     B, Hq, Hkv, Nq, Nk, d, group, Br, Bc = _shapes(q, k, v, Br, Bc, sram_bytes, elem_bytes)
-    scale = 1 / math.sqrt(d) if scale is None else scale
+    scale = _scale(scale, d)
     e, offset = elem_bytes, Nk - Nq
     mach = _machine(sram_bytes, l2_bytes, concurrent, schedule)
     s_hbm = np.empty((B, Hq, Nq, Nk))

@@ -146,3 +146,28 @@ def test_the_simulator_refuses_what_the_cost_model_refuses(rng):
     weight = tiles.quantize_weight(rng.standard_normal((5, 40)))  # K = 40 against x's 32
     with pytest.raises(ValueError, match="weights must be \\(n, k\\)"):
         tiles.int8_split(x, weight, sram_bytes=2**16)
+
+
+@pytest.mark.parametrize("algorithm", ["flash2_forward", "flash1_forward", "standard_forward"])
+def test_the_simulator_refuses_values_it_would_not_follow(rng, algorithm):
+    # a NaN row came back as zeros with lse −inf (the schedules read −inf as "no key seen"), an inf in K gave
+    # finite values from flash1; complex input was made real with a warning
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)) for _ in range(3))
+    run = getattr(tiles, algorithm)
+    for name, value in (("q", np.nan), ("k", np.inf), ("v", -np.inf)):
+        bad = {"q": q, "k": k, "v": v}
+        bad[name] = bad[name].copy()
+        bad[name][0, 1, 3, 2] = value
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            run(bad["q"], bad["k"], bad["v"], Br=4, Bc=8, sram_bytes=2**16)
+    with pytest.raises(TypeError, match="q must be a real numpy.ndarray"):
+        run(q.astype(complex), k, v, Br=4, Bc=8, sram_bytes=2**16)
+    with pytest.raises(TypeError, match="k must be a real numpy.ndarray"):
+        run(q, k.tolist(), v, Br=4, Bc=8, sram_bytes=2**16)
+    for scale in (np.nan, np.inf, "0.1"):
+        with pytest.raises(ValueError, match="scale must be a finite number"):
+            run(q, k, v, Br=4, Bc=8, sram_bytes=2**16, scale=scale)
+    out = run(q, k, v, Br=4, Bc=8, sram_bytes=2**16, scale=np.float32(0.5)).output
+    from kernels.attn import reference
+
+    np.testing.assert_allclose(out, reference(q, k, v, scale=0.5), rtol=1e-10, atol=1e-12)
