@@ -176,6 +176,8 @@ class Int8Weight:
                                  f"{a.shape}")
         if not (np.isfinite(self.absmax).all() and (self.absmax >= 0).all()):
             raise ValueError("Int8Weight's absmax must be finite and >= 0 (each row's largest magnitude)")
+        object.__setattr__(self, "_top", float(self.absmax.max()))  # the weight's largest magnitude, for
+        # ``_check_outlier_weights`` at every call
         if self.w_row_sums is None:
             sums = np.empty(self.w_i8.shape[0], dtype=np.int32)  # (N,)
             with serial_if_small(multiply_adds=self.w_i8.size):  # a pass over the int8 weight, as a GEMV's
@@ -351,9 +353,10 @@ def _check_gpu_call(x, w, threshold):
     weight = None
     if isinstance(w, (Int8Weight, Int8Linear)):
         weight = _as_weight(w)
+        _check_outlier_weights(weight, threshold if through_float16 else 0)
         N, K = weight.shape
     else:
-        _check_any_float("w", w, "matrix")
+        _check_any_float("w", w, "matrix", through_float16=through_float16)
         N, K = tuple(w.shape)
     x_shape = tuple(x.shape)  # (a simulator array's shape is no tuple)
     _check_k(x_shape, (N, K))
@@ -480,10 +483,19 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     return y
 
 
+def _check_outlier_weights(weight: Int8Weight, threshold):
+    """With threshold > 0 the weights of the outlier dimensions go through float16 (dequantized from int8, or the
+    kept copy): a weight whose values reach 65520 would give inf there, and inf · 0 NaN (``from_float`` refuses
+    it only for a kept copy)."""
+    if threshold > 0 and weight._top >= _numba_cpu.FLOAT16_MAX_ROUNDABLE:
+        _check_absmax("w", np.float32([weight._top]), through_float16=True)
+
+
 def _int8_matmul_cpu(x, weight: Int8Weight, threshold, x_checked=False):
     """The CPU tier on NumPy x (..., K): (y (..., N) float32, the outlier dimensions of this call)."""
     if not x_checked:
         _check_float("x", x, "vectors", through_float16=threshold > 0)
+    _check_outlier_weights(weight, threshold)
     N, K = weight.shape
     _check_k(x.shape, weight.shape)
     x2d = np.ascontiguousarray(x.reshape(-1, K), dtype=np.float32)

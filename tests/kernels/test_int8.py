@@ -600,6 +600,20 @@ def test_finite_values_int8_cannot_represent_are_refused(x, kwargs, pattern):
             quantize_vectorwise(x)
 
 
+def test_weights_the_float16_path_cannot_hold_are_refused_where_it_runs(rng):
+    # the outlier dimensions' weights are dequantized to float16 on every path: from 65520 on they became inf, and
+    # the product inf (NaN where x's outlier value is 0), unless the float16 copy was kept (refused there)
+    w = rng.standard_normal((8, 16)).astype(np.float32) * 1e5
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    x[:, 2] = 20.0  # an outlier dimension at the default threshold
+    for call in (lambda: int8_matmul(x, w), lambda: Int8Linear.from_float(w)(x), lambda: Int8Linear.from_float(w)(x[0]),
+                 lambda: int8_matmul(x, Int8Weight.from_float(w))):
+        with pytest.raises(ValueError, match="w has values up to .* rounds them to inf from 65520"):
+            call()
+    y = int8_matmul(x, w, threshold=0.0)  # no float16 path: int8 only
+    assert np.isfinite(y).all()
+
+
 def test_large_values_pass_without_the_float16_path():
     # threshold 0: no outlier dimension, no float16, so 70000 is an ordinary int8-quantized value
     x = np.array([[1.0, 2.0, 7e4]], np.float32)
