@@ -116,6 +116,16 @@ def _compute_dtype(x):
     return np.float64 if np.dtype(x.dtype) == np.float64 else np.float32
 
 
+def _check_scores(scores, dtype):
+    """Scores of finite q and k that are not finite: their products overflowed ``dtype`` (|q|, |k| ~ 1e19 in
+    float32), and the ranking would follow the NaN and ±inf (max pooling skips NaN; every score of −inf kept
+    positions 0, 1, 2 ...)."""
+    if not np.isfinite(scores).all():
+        raise ValueError(f"q and k give attention scores that are not finite: their dot products overflow "
+                         f"{np.dtype(dtype).name}, so they cannot rank the positions to keep (scale them down)")
+    return scores
+
+
 def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", backend="auto"):
     """SnapKV importance of each prefix position (Li et al. 2024, §4.2, "voting" and "clustering").
 
@@ -170,7 +180,7 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     _numba_cpu.pool(summed.reshape(B * Hq, N - w), kernel_size, pooling == "max", pooled.reshape(B * Hq, N - w))
     if gqa == "mean":
         pooled = pooled.reshape(B, Hkv, Hq // Hkv, N - w).mean(axis=2)
-    return pooled
+    return _check_scores(pooled, dt)
 
 
 def top_positions(scores, n_keep):
@@ -364,7 +374,7 @@ def _accumulated_scores(q, k, block):
     with single_threaded_blas():
         _numba_cpu.accumulated_attention(np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt),
                                          1.0 / math.sqrt(d), block, totals)
-    return totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2)
+    return _check_scores(totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2), dt)
 
 
 def h2o(q, k, v, *, capacity, scores=None, backend="auto"):

@@ -167,3 +167,17 @@ def test_scores_refuse_nan_and_inf(rng, where, bad):
         with pytest.raises(ValueError, match=f"{where}(_window)? contains NaN or ±inf"):
             call()
     kvprune.streaming_llm(q, k, v, capacity=64)  # keeps positions by place, not by score: nothing to refuse
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scores_of_finite_inputs_whose_products_overflow_are_refused(rng, dtype):
+    # |q|, |k| ~ 1e19 (float32) or 1e154 (float64): finite inputs, overflowing dot products; before, SnapKV kept
+    # positions 0, 1, 2 ... (every score −inf) and H2O ranked NaN
+    big = 1e19 if dtype == np.float32 else 1e154
+    q, k, v = (x.astype(dtype) for x in _prompt(rng))
+    q, k = q * big, k * big
+    calls = [lambda: snapkv_compress(q, k, v, capacity=64), lambda: snapkv_scores(q[:, :, -16:], k),
+             lambda: kvprune.h2o(q, k, v, capacity=64), lambda: kvprune.h2o_scores(q, k)]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"dot products overflow {np.dtype(dtype).name}"):
+            call()
