@@ -12,8 +12,8 @@ from .._common.blas import single_threaded_blas
 from .._common.threads import SERIAL_MULTIPLY_ADDS, serial_if_small
 from ._blocks import default_blocks
 from .._common.memory import ensure_fits
-from ._standard import standard_forward
-from ._validate import COMPUTE_DTYPE, as_compute_4d, validate
+from ._standard import standard_bytes, standard_forward
+from ._validate import COMPUTE_DTYPE, as_compute_4d, check_block, validate
 
 ALGORITHMS = ("flash", "standard")
 
@@ -117,6 +117,25 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     if n_splits > 1:
         _numba_cpu.combine_splits(o_part, lse_part, o, lse)
     return o, lse
+
+
+def _ensure_copies_fit(q, k, v, algorithm, causal, block_q, block_k):
+    """Where q, k or v is not C-contiguous in the compute dtype (``as_compute_4d`` copies it), refuse the call
+    before the copies when they and the algorithm's own allocation (``flash_memory_bytes``, ``standard_bytes`` and
+    the output) would not fit: the copies came first, unchecked, and a broadcast view of 64 GiB ended in NumPy's
+    MemoryError."""
+    compute = np.dtype(COMPUTE_DTYPE[q.dtype])
+    copies = sum(x.size * compute.itemsize for x in (q, k, v) if x.dtype != compute or not x.flags.c_contiguous)
+    if not copies:
+        return
+    q4 = (1,) * (4 - q.ndim) + tuple(q.shape)  # (B, Hq, Nq, d)
+    k4 = (1,) * (4 - k.ndim) + tuple(k.shape)  # (B, Hkv, Nk, d)
+    if algorithm == "flash":
+        work = flash_memory_bytes(q4, k4, compute.itemsize, block_q=block_q, block_k=block_k, causal=causal)
+    else:
+        work = standard_bytes(q4[0], q4[1], q4[2], k4[2], compute.itemsize, causal) + q.size * compute.itemsize
+    ensure_fits(copies + work, f"attention(algorithm={algorithm!r}) with its inputs copied C-contiguous in "
+                f"{compute.name}", "pass C-contiguous float32 arrays, or smaller ones")
 
 
 def _cupy_refuses(q, algorithm, block_q, block_k):
@@ -250,6 +269,8 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     scale = validate(q, k, v, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
+    block_q, block_k = check_block("block_q", block_q), check_block("block_k", block_k)  # plain ints (an np.int8
+    # block size overflowed the tile arithmetic: OverflowError, or a workspace too small and a SystemError)
     backend = choose_backend("attention", backend, {"q": q, "k": k, "v": v},
                              cupy_refuses=lambda: _cupy_refuses(q, algorithm, block_q, block_k))
     if backend == "cupy":
@@ -258,6 +279,7 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     if backend == "numba-cuda":
         o, lse = _on_numba_cuda(q, k, v, scale, bool(causal), algorithm, block_q, block_k)
         return (o, lse) if return_lse else o
+    _ensure_copies_fit(q, k, v, algorithm, bool(causal), block_q, block_k)
     q4, k4, v4 = as_compute_4d(q, k, v)
     shape = q.shape
     with serial_if_small(multiply_adds(q4.shape, k4.shape, bool(causal))):  # small: on this thread (call_threads)

@@ -337,6 +337,37 @@ def test_standard_refuses_what_does_not_fit(rng, monkeypatch):
         kernels.attention(q, k, v, causal=True, algorithm="flash")
 
 
+def test_the_copies_of_the_inputs_count_before_they_are_made(rng, monkeypatch):
+    # float16 or strided inputs are copied C-contiguous in float32 first: those copies were made before any check
+    # (a broadcast view of 64 GiB ended in NumPy's MemoryError, not InsufficientMemoryError)
+    q, k, v = _inputs(rng, Case(64, 64, 8, Hq=2, Hkv=2))
+    q16, k16, v16 = (x.astype(np.float16) for x in (q, k, v))
+    copies = 3 * q.size * 4
+    for algorithm, work in (("flash", kernels.attn.flash_memory_bytes(q.shape, k.shape, 4)),
+                            ("standard", 2 * 2 * 64 * 64 * 4 + q.size * 4)):
+        monkeypatch.setattr(_memory, "MIN_CHECKED_BYTES", 0)
+        monkeypatch.setattr(_memory, "available_bytes", lambda: copies + work - 1)
+        with pytest.raises(kernels.InsufficientMemoryError, match=f"copied C-contiguous in float32 needs .*"
+                                                                  f"\\({copies + work} bytes\\)"):
+            kernels.attention(q16, k16, v16, algorithm=algorithm)
+        monkeypatch.setattr(_memory, "available_bytes", lambda: copies + work)
+        kernels.attention(q16, k16, v16, algorithm=algorithm)
+    monkeypatch.undo()
+    huge = np.broadcast_to(np.float32(1.0), (1, 16, 2**20, 1024))  # 64 GiB once copied, three times
+    with pytest.raises(kernels.InsufficientMemoryError, match="copied C-contiguous"):
+        kernels.attention(huge, huge, huge)
+
+
+@pytest.mark.parametrize("block_q, block_k", [(np.int16(98), 400), (np.int8(100), None), (np.int8(2), np.int8(3))])
+def test_numpy_integer_block_sizes_are_taken_as_ints(rng, block_q, block_k):
+    # the tiles' arithmetic ran in the block size's own width: np.int8(100) overflowed, np.int16(98) sized the
+    # workspace too small (a SystemError)
+    q = rng.standard_normal((1, 1, 98, 4), dtype=np.float32)
+    k, v = (rng.standard_normal((1, 1, 400, 4), dtype=np.float32) for _ in range(2))
+    o = kernels.attention(q, k, v, block_q=block_q, block_k=block_k)
+    assert_close(o, reference(q, k, v), np.float32)
+
+
 def test_default_blocks_follow_the_cache(monkeypatch):
     from kernels.attn import _blocks
 
