@@ -5,6 +5,8 @@ Preset values are each model's published configuration (its ``config.json``; for
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 PRECISION_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -32,9 +34,17 @@ class ModelConfig:
     def __post_init__(self):
         if self.arch not in ("llama", "gpt2"):
             raise ValueError(f"{self.name}: arch must be 'llama' or 'gpt2'; got {self.arch!r}")
-        for name in ("n_layers", "hidden", "intermediate", "n_heads", "n_kv_heads", "vocab"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{self.name}: {name} must be >= 1; got {getattr(self, name)}")
+        for name in ("n_layers", "hidden", "intermediate", "n_heads", "n_kv_heads", "vocab", "max_positions"):
+            value = getattr(self, name)
+            if not _whole(value) or value < (0 if name == "max_positions" else 1):  # (2.5 layers counted 98944.0
+                # parameters)
+                raise ValueError(f"{self.name}: {name} must be a whole number >= "
+                                 f"{0 if name == 'max_positions' else 1}; got {value!r}")
+        if not isinstance(self.tied_embeddings, bool):
+            raise ValueError(f"{self.name}: tied_embeddings must be a bool; got {self.tied_embeddings!r}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, numbers.Real) \
+                or not math.isfinite(self.rope_base) or self.rope_base <= 1:
+            raise ValueError(f"{self.name}: rope_base must be a finite number > 1; got {self.rope_base!r}")
         if self.hidden % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError(f"{self.name}: hidden must divide by n_heads and n_heads by n_kv_heads")
         object.__setattr__(self, "head_dim", self.hidden // self.n_heads)
@@ -55,6 +65,17 @@ class ModelConfig:
             final_norm = 2 * self.hidden
             return embed + self.max_positions * self.hidden + self.n_layers * per_block_vectors + final_norm
         return embed + self.n_layers * 2 * self.hidden + self.hidden  # two RMSNorms per block, one final
+
+
+def _whole(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _count(name, value, minimum):
+    """A whole number >= minimum, as an int (the calculators' counts: tokens, batch, bytes per element)."""
+    if not _whole(value) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}; got {value!r}")
+    return int(value)
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -82,11 +103,12 @@ def weight_bytes(cfg: ModelConfig, precision: str) -> int:
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, elem_bytes: int = 2) -> int:
     """K and V of one token across all layers: 2 · layers · kv_heads · head_dim · bytes (GQA shrinks kv_heads)."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem_bytes
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * _count("elem_bytes", elem_bytes, 1)
 
 
 def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, elem_bytes: int = 2) -> int:
-    return kv_cache_bytes_per_token(cfg, elem_bytes) * tokens * batch
+    """K and V of ``tokens`` tokens of each of ``batch`` sequences (whole numbers: tokens >= 0, batch >= 1)."""
+    return kv_cache_bytes_per_token(cfg, elem_bytes) * _count("tokens", tokens, 0) * _count("batch", batch, 1)
 
 
 PRESETS = {
