@@ -12,6 +12,7 @@ import numpy as np
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
+from .._common.memory import ensure_fits
 from .._common.threads import serial_if_small
 from . import _avx2, _numba_cpu, _vnni, rows
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
@@ -228,6 +229,9 @@ def int8_gemm(x_i8, w_i8):
     M, K = x_i8.shape
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
+    N = w_i8.shape[0]
+    ensure_fits(4 * M * N + (M + N) * K + 4 * N, f"int8_gemm's ({M}, {N}) int32 result (with copies of its "
+                f"operands)")
     w_i8 = np.ascontiguousarray(w_i8)
     w_row_sums = None
     with serial_if_small(multiply_adds=M * K * w_i8.shape[0]):  # a small product on the calling thread, its
@@ -498,6 +502,10 @@ def _int8_matmul_cpu(x, weight: Int8Weight, threshold, x_checked=False):
     _check_outlier_weights(weight, threshold)
     N, K = weight.shape
     _check_k(x.shape, weight.shape)
+    M = x.size // K
+    # the result and its int32 products, x in float32 and quantized (the outlier dimensions' copies, J·(M + N)
+    # values, are known after the outlier scan: a few per thousand features in the paper's models)
+    ensure_fits(8 * M * N + 5 * M * K, f"int8_matmul's ({M}, {N}) result and its work")
     x2d = np.ascontiguousarray(x.reshape(-1, K), dtype=np.float32)
     y, outliers = _split_matmul(x2d, weight, threshold)
     return y.reshape(x.shape[:-1] + (N,)), outliers

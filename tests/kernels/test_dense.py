@@ -129,3 +129,17 @@ def test_the_row_tail_reads_nothing_past_the_weight(rows, n):
                           timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     assert float(done.stdout) < 1e-5
+
+
+def test_a_result_that_would_not_fit_is_refused_before_it_starts(rng, monkeypatch):
+    import kernels
+    from kernels._common import memory
+
+    x, w = rng.standard_normal((64, 32)), rng.standard_normal((48, 32))  # float64: both copied to float32
+    monkeypatch.setattr(memory, "MIN_CHECKED_BYTES", 0)
+    predicted = 4 * 64 * 48 + 4 * (x.size + w.size)
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted - 1)
+    with pytest.raises(kernels.InsufficientMemoryError, match=rf"\(64, 48\) float32 result .* \({predicted} bytes\)"):
+        matmul_nt(x, w)
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted)
+    assert_close(matmul_nt(x, w), x @ w.T, np.float32, scale=np.abs(x @ w.T).max())

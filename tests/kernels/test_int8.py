@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import njit
 
+import kernels
 from kernels import int8
 from kernels._common.prefetch import PREFETCH_ROWS
 from kernels.int8._numba_cpu import _outlier_columns
@@ -543,6 +544,7 @@ def test_a_square_weight_is_read_as_out_in_like_torch(rng):
 _ACROSS_TARGETS = """
 import sys
 import numpy as np
+import kernels
 from kernels import int8
 
 rng = np.random.default_rng(7)
@@ -621,3 +623,22 @@ def test_large_values_pass_without_the_float16_path():
     assert np.allclose(int8_matmul(x, w, threshold=0.0), x, rtol=0.01, atol=300)
     with pytest.raises(ValueError, match="rounds them to inf"):
         Int8Weight.from_float(np.array([[7e4, 1.0]], np.float32), keep_fp16_weights=True)
+
+
+def test_work_that_would_not_fit_is_refused_before_it_starts(rng, monkeypatch):
+    # int8_gemm, int8_matmul and Int8Linear had no memory check: a result larger than the machine's memory began
+    # and failed in NumPy's allocation, or swapped
+    from kernels._common import memory
+
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    w = rng.standard_normal((48, 32)).astype(np.float32)
+    x_i8, w_i8 = (rng.integers(-127, 128, a.shape, dtype=np.int8) for a in (x, w))
+    monkeypatch.setattr(memory, "MIN_CHECKED_BYTES", 0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 4 * 64 * 48)  # the result alone fits, not its work
+    for call, what in ((lambda: int8_gemm(x_i8, w_i8), r"int8_gemm's \(64, 48\) int32 result"),
+                       (lambda: int8_matmul(x, w), r"int8_matmul's \(64, 48\) result"),
+                       (lambda: Int8Linear.from_float(w)(x), r"int8_matmul's \(64, 48\) result")):
+        with pytest.raises(kernels.InsufficientMemoryError, match=what + ".* needs .* GiB"):
+            call()
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**30)
+    assert np.array_equal(int8_gemm(x_i8, w_i8), x_i8.astype(np.int64) @ w_i8.T.astype(np.int64))
