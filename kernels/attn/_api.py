@@ -78,7 +78,7 @@ def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=No
     Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads)
     task_elems = _numba_cpu.task_elements((Hq // Hkv) * Br, Bc, d)
     out_elems = B * Hq * Nq * (d + 1)  # o and lse
-    split_elems = n_splits * out_elems if n_splits > 1 else 0
+    split_elems = n_splits * B * Hq * Nq * (d + 2) if n_splits > 1 else 0  # each split's o, m and l
     return (out_elems + split_elems + _workers(threads, tasks) * task_elems) * elem_bytes
 
 
@@ -101,10 +101,10 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     lse = np.empty((B, Hq, Nq), dtype=q.dtype)
     if n_splits > 1:
         o_part = np.empty((n_splits,) + o.shape, dtype=q.dtype)
-        lse_part = np.empty((n_splits,) + lse.shape, dtype=q.dtype)
+        stats_part = np.empty((n_splits,) + lse.shape + (2,), dtype=q.dtype)  # each row's m_i, l_i
     else:
         o_part = np.empty((1, 1, 1, 1, 1), dtype=q.dtype)  # unused by the kernel when n_splits == 1
-        lse_part = np.empty((1, 1, 1, 1), dtype=q.dtype)
+        stats_part = np.empty((1, 1, 1, 1, 2), dtype=q.dtype)
     # the workers' tiles in one allocation per call, not one per task: glibc returns a freed block of a few MiB
     # to the kernel when the heap's free top exceeds its trim threshold (2 × the mmap threshold, 128 KiB at first;
     # malloc/malloc.c, "M_TRIM_THRESHOLD"), so tiles allocated in the loop were faulted in again by every task of
@@ -113,9 +113,9 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     # comes back from the heap mapped from the second call on (``standard_forward`` says why).
     work = np.empty((_workers(threads, tasks), _numba_cpu.task_elements((Hq // Hkv) * Br, Bc, d)), dtype=q.dtype)
     with single_threaded_blas():
-        _numba_cpu.flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, work)
+        _numba_cpu.flash_forward(q, k, v, o, lse, o_part, stats_part, scale, causal, Br, Bc, n_splits, work)
     if n_splits > 1:
-        _numba_cpu.combine_splits(o_part, lse_part, o, lse)
+        _numba_cpu.combine_splits(o_part, stats_part, scale, o, lse)
     return o, lse
 
 

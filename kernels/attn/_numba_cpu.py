@@ -64,11 +64,12 @@ def task_elements(rows, Bc, d):
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
-def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_splits, work):
+def flash_forward(q, k, v, o, lse, o_part, stats_part, scale, causal, Br, Bc, n_splits, work):
     """FlashAttention-2 forward over C-contiguous (B, Hq, Nq, d) q and (B, Hkv, Nk, d) k, v.
 
     Writes o (B, Hq, Nq, d) and lse (B, Hq, Nq). With n_splits > 1 each task covers one share of the keys and
-    writes o_part, lse_part (n_splits, B, Hq, Nq, ...); ``combine_splits`` merges them. ``work``: the tiles of
+    writes o_part (n_splits, B, Hq, Nq, d) and stats_part (n_splits, B, Hq, Nq, 2), each row's m_i and l_i;
+    ``combine_splits`` merges them. ``work``: the tiles of
     each of its workers (n_workers, ``task_elements(rows, Bc, d)``) in q's dtype, rows = (Hq / Hkv) · Br; the
     tasks are split into n_workers equal contiguous runs, one per worker.
     """
@@ -181,27 +182,33 @@ def flash_forward(q, k, v, o, lse, o_part, lse_part, scale, causal, Br, Bc, n_sp
                             o_acc[r, c] = alpha[r] * o_acc[r, c] + pv[r, c]
 
             # epilogue: O = diag(l_i)^-1 O_i, lse = scale·m_i + log l_i; a row that saw no key, or only scores of
-            # -inf, gives 0 and -inf
+            # -inf, gives 0 and -inf. A split keeps m_i and l_i instead of lse (``combine_splits``)
             for r in range(rows):
                 h = hk * group + r // br
                 row = r0 + r % br
-                if n_splits == 1:
-                    out, out_lse = o[b, h, row], lse[b, h]
-                else:
-                    out, out_lse = o_part[split, b, h, row], lse_part[split, b, h]
+                out = o[b, h, row] if n_splits == 1 else o_part[split, b, h, row]
+                if n_splits > 1:
+                    stats_part[split, b, h, row, 0] = m_i[r]
+                    stats_part[split, b, h, row, 1] = l_i[r]
                 if l_i[r] == 0.0:
                     out[:] = 0.0
-                    out_lse[row] = -np.inf
+                    if n_splits == 1:
+                        lse[b, h, row] = -np.inf
                 else:  # l_i > 0, or NaN, which propagates
                     inv = 1.0 / l_i[r]
                     for c in range(d):
                         out[c] = o_acc[r, c] * inv
-                    out_lse[row] = m_i[r] * scale + math.log(l_i[r])
+                    if n_splits == 1:
+                        lse[b, h, row] = m_i[r] * scale + math.log(l_i[r])
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
-def combine_splits(o_part, lse_part, o, lse):
-    """Merge split-KV partial results: lse = log Σ_s exp(lse_s), o = Σ_s exp(lse_s − lse) o_s."""
+def combine_splits(o_part, stats_part, scale, o, lse):
+    """Merge split-KV partial results, each split's normalized output o_s with its unscaled score reference m_s and
+    sum l_s = Σ exp(scale·(S − m_s)) (``stats_part[..., 0]``, ``[..., 1]``): with M = max_s m_s and
+    w_s = l_s · exp(scale·(m_s − M)), o = Σ_s w_s o_s / Σ_s w_s and lse = scale·M + log Σ_s w_s (Flash-Decoding's
+    merge). The weights stay within float range whatever the scale: merged by each split's lse instead,
+    scale·m overflowed to ±inf at scale = 1e38 and gave NaN (inf − inf) or zeros (−inf read as "no key")."""
     n_splits, B, Hq, Nq, d = o_part.shape
     for row in prange(B * Hq * Nq):
         i = row % Nq
@@ -210,9 +217,10 @@ def combine_splits(o_part, lse_part, o, lse):
         m = -np.inf
         nan = False
         for sp in range(n_splits):
-            x = lse_part[sp, b, h, i]
-            nan = nan or x != x
-            m = max(m, x)
+            l_s = stats_part[sp, b, h, i, 1]
+            nan = nan or l_s != l_s
+            if l_s > 0.0:  # a split that saw no key of the row (l = 0) has no reference
+                m = max(m, stats_part[sp, b, h, i, 0])
         if nan:  # a split whose keys gave NaN: the row is NaN whatever the other splits saw
             o[b, h, i, :] = np.nan
             lse[b, h, i] = np.nan
@@ -224,13 +232,15 @@ def combine_splits(o_part, lse_part, o, lse):
         total = 0.0
         o[b, h, i, :] = 0.0
         for sp in range(n_splits):
-            w = math.exp(lse_part[sp, b, h, i] - m)
-            total += w
-            for c in range(d):
-                o[b, h, i, c] += w * o_part[sp, b, h, i, c]
+            l_s = stats_part[sp, b, h, i, 1]
+            if l_s > 0.0:
+                w = l_s * math.exp((stats_part[sp, b, h, i, 0] - m) * scale)
+                total += w
+                for c in range(d):
+                    o[b, h, i, c] += w * o_part[sp, b, h, i, c]
         for c in range(d):
             o[b, h, i, c] /= total
-        lse[b, h, i] = m + math.log(total)
+        lse[b, h, i] = m * scale + math.log(total)
 
 
 def num_threads() -> int:

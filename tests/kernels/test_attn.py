@@ -274,6 +274,24 @@ def test_nan_inf_and_extreme_scales_follow_the_oracle(rng, monkeypatch, case, nq
         assert_close(lse, ref_lse, "float32", scale=np.abs(ref_lse[np.isfinite(ref_lse)]).max(initial=1.0))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 16], ids=lambda t: f"splits-for-{t}-threads")
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_scale_whose_scores_overflow_keeps_the_exact_softmax_across_splits(rng, monkeypatch, threads, sign):
+    # scale · S beyond float32 (scores 8..16, scale 1e38): the split-KV merge weighed the splits by their lse,
+    # ±inf each, and gave NaN (inf − inf) or zeros (−inf read as "no key"); one split was right
+    from kernels.attn import _numba_cpu
+
+    monkeypatch.setattr(_numba_cpu, "num_threads", lambda: threads)
+    q = np.full((1, 2, 1, 8), sign, dtype=np.float32)
+    k = rng.uniform(1.0, 2.0, (1, 1, 4096, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 4096, 8)).astype(np.float32)
+    ref = reference(q, k, v, scale=1e38)  # one-hot: the value row of the largest (or smallest) score
+    for algorithm in ALGORITHMS:
+        o, lse = kernels.attention(q, k, v, scale=1e38, algorithm=algorithm, return_lse=True)
+        assert_close(o, ref, "float32")
+        assert (lse == sign * np.inf).all()  # lse, a value of the scaled scores, overflows float32 (Notes)
+
+
 def test_float16_returns_float16_with_float32_lse(rng):
     q, k, v = _inputs(rng, Case(33, 33, 16, dtype="float16"))
     o, lse = kernels.attention(q, k, v, return_lse=True)
