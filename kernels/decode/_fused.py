@@ -369,17 +369,24 @@ def _swiglu(gate_up, out):
 
 
 # -- the public functions: shapes checked before a kernel indexes memory (the kernels index by the sizes given) -----
-def _vectors(**arrays):
+def _vectors(written=(), **arrays):
+    """Each array float32 and C-contiguous, and those named in ``written`` writeable (the kernels write them in
+    place: a read-only one was a Numba TypingError)."""
     for name, a in arrays.items():
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
             raise TypeError(f"{name} must be a C-contiguous float32 numpy.ndarray; got "
                             f"{getattr(a, 'dtype', type(a).__name__)}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (the kernels index its memory); got a strided view of "
+                             f"shape {a.shape} and strides {a.strides}")
+        if name in written and not a.flags.writeable:
+            raise ValueError(f"{name} must be writeable: it is written in place")
 
 
 def add_rms_norm(x, delta, weight, eps, h):
     """x += delta (in place; an empty delta skips the add), then h = RMSNorm(x) · weight (Zhang & Sennrich 2019,
     eq. 4); x, weight, h (hidden,) and delta (hidden,) or (0,), all float32."""
-    _vectors(x=x, delta=delta, weight=weight, h=h)
+    _vectors(("x", "h"), x=x, delta=delta, weight=weight, h=h)
     if not (x.ndim == delta.ndim == weight.ndim == h.ndim == 1) or weight.size != x.size or h.size != x.size \
             or delta.size not in (0, x.size) or x.size == 0:
         raise ValueError(f"x, weight, h must be (hidden,) with hidden >= 1 and delta (hidden,) or (0,); got x "
@@ -393,10 +400,15 @@ def rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
     """One decode step of attention for the new token at cache slot ``n``: qkv (Hq·d + 2·Hkv·d,) the token's
     projected heads, cos, sin (d/2,) its rotary angles, k_cache, v_cache (Hkv, capacity, d) with n < capacity; the
     key and value are written into slot n and o (Hq·d,) gets the attention over slots 0..n. All float32."""
-    _vectors(qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, o=o)
+    _vectors(("k_cache", "v_cache", "o"), qkv=qkv, cos=cos, sin=sin, k_cache=k_cache, v_cache=v_cache, o=o)
     if k_cache.ndim != 3 or v_cache.shape != k_cache.shape or 0 in k_cache.shape:
         raise ValueError(f"k_cache and v_cache must be (Hkv, capacity, d) alike; got {k_cache.shape}, "
                          f"{v_cache.shape}")
+    if np.shares_memory(k_cache, v_cache):  # the value written over the key read after it
+        raise ValueError("k_cache and v_cache must not share memory")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0 (1/sqrt(d) in a Llama); got {scale!r}")
     Hkv, capacity, d = k_cache.shape
     heads, rest = divmod(qkv.size - 2 * Hkv * d, d) if d else (0, 1)
     if qkv.ndim != 1 or rest or heads < 1 or heads % Hkv or o.shape != (heads * d,) or d % 2 \
@@ -411,7 +423,7 @@ def rope_attend(qkv, cos, sin, k_cache, v_cache, n, scale, o):
 
 def swiglu(gate_up, out):
     """out = silu(gate) · up (Shazeer 2020, eq. 6) for gate_up (2·I,) = [gate, up] and out (I,), float32."""
-    _vectors(gate_up=gate_up, out=out)
+    _vectors(("out",), gate_up=gate_up, out=out)
     if gate_up.ndim != 1 or out.ndim != 1 or gate_up.size != 2 * out.size:
         raise ValueError(f"gate_up must be (2·I,) and out (I,); got {gate_up.shape}, {out.shape}")
     _swiglu(gate_up, out)

@@ -164,3 +164,32 @@ def test_the_fused_steps_refuse_what_would_index_out_of_bounds():
     with pytest.raises(ValueError, match="x, weight, h must be"):
         decode.add_rms_norm(np.ones(4, np.float32), np.ones(3, np.float32), np.ones(4, np.float32), 1e-5,
                             np.empty(4, np.float32))
+
+
+def test_the_fused_steps_refuse_scales_aliases_and_arrays_they_cannot_write():
+    # rope_attend took any scale (NaN gave NaN silently, a string a Numba TypingError) and caches that alias (the
+    # value written over the key); a read-only output was a TypingError, a strided x "got float32"
+    from kernels import decode
+
+    hkv, cap, d, hq = 2, 8, 4, 4
+    qkv = np.ones(hq * d + 2 * hkv * d, np.float32)
+    cos = sin = np.ones(d // 2, np.float32)
+    k_cache, v_cache = (np.zeros((hkv, cap, d), np.float32) for _ in range(2))
+    o = np.empty(hq * d, np.float32)
+    for scale in (np.nan, np.inf, 0.0, -1.0, "0.5", None):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+            decode.rope_attend(qkv, cos, sin, k_cache, v_cache, 0, scale, o)
+    with pytest.raises(ValueError, match="must not share memory"):
+        decode.rope_attend(qkv, cos, sin, k_cache, k_cache, 0, 0.5, o)
+    read_only = o.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="o must be writeable"):
+        decode.rope_attend(qkv, cos, sin, k_cache, v_cache, 0, 0.5, read_only)
+    x = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        decode.add_rms_norm(x[::2], np.ones(0, np.float32), np.ones(4, np.float32), 1e-5, np.empty(4, np.float32))
+    with pytest.raises(ValueError, match="h must be writeable"):
+        decode.add_rms_norm(x[:4], np.ones(0, np.float32), np.ones(4, np.float32), 1e-5, read_only[:4])
+    with pytest.raises(ValueError, match="out must be writeable"):
+        decode.swiglu(np.ones(8, np.float32), read_only[:4])
+    decode.rope_attend(qkv, cos, sin, k_cache, v_cache, 0, np.float32(0.5), o)  # a NumPy scalar scale is one
