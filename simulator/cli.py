@@ -40,8 +40,9 @@ def _positive(text):
     return value
 
 
-def _seed(text):
-    """argparse type: a seed of NumPy's generators, a whole number >= 0 (checked before anything runs)."""
+def _nonnegative(text):
+    """argparse type: a whole number >= 0 (a seed of NumPy's generators, a count of outliers), checked before
+    anything runs."""
     try:
         value = int(text)
     except ValueError:
@@ -101,6 +102,10 @@ def _report(args) -> int:
 
     out = args.out if args.out is not None else str(default_out_dir())
     problem = out_problem(out)
+    try:  # the predictions price the products at the fp16 rate: a spec without one failed after the measurements
+        args.hardware.peak("fp16")
+    except ValueError as err:
+        problem = problem or f"--hardware {args.hardware.name}: {err}"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -265,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>T<time>-cpu)")
     report.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
                         help=f"hardware for the predicted sections (default {DEFAULT_HARDWARE})")
-    report.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs (default 0)")
+    report.add_argument("--seed", type=_nonnegative, default=0, help="seed of the random inputs (default 0)")
     report.add_argument("--recalibrate", action="store_true", help="measure this machine again, ignoring the cache")
     report.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
     report.set_defaults(func=_report)
@@ -291,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--m", type=_positive, default=1, help="rows of X (tokens; default 1)")
     mm.add_argument("--k", type=_positive, default=4096, help="hidden size (default 4096)")
     mm.add_argument("--n", type=_positive, default=4096, help="output features (default 4096)")
-    mm.add_argument("--outliers", type=int, default=0, help="outlier columns (default 0)")
+    mm.add_argument("--outliers", type=_nonnegative, default=0, help="outlier columns (default 0)")
     for sub in (attn, mm):
         sub.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="fp16", help="precision (default fp16)")
         sub.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
@@ -317,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .explain import add_subcommand as add_explain
 
-    add_explain(commands, _hardware, _positive, _seed)
+    add_explain(commands, _hardware, _positive, _nonnegative)
     return parser
 
 

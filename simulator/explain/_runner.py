@@ -49,8 +49,8 @@ def _explain(args) -> int:
     return 0
 
 
-def add_subcommand(commands, hardware_type, positive, seed) -> None:
-    """Add ``explain`` to the CLI's subparsers (``hardware_type``, ``positive``, ``seed``: the CLI's argparse
+def add_subcommand(commands, hardware_type, positive, nonnegative) -> None:
+    """Add ``explain`` to the CLI's subparsers (``hardware_type``, ``positive``, ``nonnegative``: the CLI's argparse
     types)."""
     from models import PRESETS
 
@@ -59,7 +59,7 @@ def add_subcommand(commands, hardware_type, positive, seed) -> None:
                                         "the tile simulator. Without TOPIC: the list of topics.")
     p.add_argument("topic", nargs="?", choices=list(TOPICS), metavar="TOPIC", help=", ".join(TOPICS))
     p.add_argument("--out", metavar="DIR", help="also write index.md, index.html, PNG charts and GIF animations")
-    p.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--seed", type=nonnegative, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--n", type=positive, help="sequence length (softmax-tiles, transformer)")
     p.add_argument("--tile", type=positive, help="tile size (softmax-tiles: key tile; flash-tiles: tiles per side)")
     p.add_argument("--hardware", type=hardware_type, metavar="NAME|FILE.toml", help="preset for kv-cache, "

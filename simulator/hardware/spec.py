@@ -107,6 +107,10 @@ class HardwareSpec:
         if self.compute_capability and not re.fullmatch(r"[1-9][0-9]?\.[0-9]", self.compute_capability):
             raise ValueError(f"{self.name}: compute_capability must be major.minor, as \"9.0\"; got "
                              f"{self.compute_capability!r}")
+        if self.sram_per_sm_bytes != int(self.sram_per_sm_bytes):  # (100.3 KiB failed later, in the cost model,
+            # as "sram_bytes must be a whole number")
+            raise ValueError(f"{self.name}: sram_per_sm_kib must be a whole number of bytes; got "
+                             f"{self.sram_per_sm_bytes / 2**10:g} KiB ({self.sram_per_sm_bytes:g} bytes)")
         for field in ("hbm_bytes", "hbm_bandwidth", "sram_per_sm_bytes", "sm_count", "fp32_flops"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{self.name}: {field} must be > 0; got {getattr(self, field)!r}")

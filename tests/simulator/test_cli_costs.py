@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from simulator.cli import main
 
 
@@ -54,3 +56,9 @@ def test_dtype_sets_the_rate_the_products_run_at(capsys):
     assert main(["costs", "attention", "--n", "1024", "--dtype", "bf16", "--hardware", "T4"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "T4 has no bf16 rate" in err
+
+
+def test_a_negative_outlier_count_is_refused_by_its_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["costs", "matmul", "--outliers", "-3"])
+    assert "--outliers: must be >= 0" in capsys.readouterr().err  # ("n_outliers ..." from the cost model before)

@@ -65,6 +65,8 @@ def test_user_toml_round_trips(tmp_path):
     (lambda t: t.replace("sm_count = 58", 'sm_count = "58"'), "sm_count must be a number"),
     (lambda t: t.replace("hbm_gb_per_s = 300", "hbm_gb_per_s = 0"), "hbm_bandwidth must be > 0"),
     (lambda t: t.replace("sm_count = 58", "sm_count = 57.9"), "sm_count must be a whole number"),  # (57 before)
+    (lambda t: t.replace("sram_per_sm_kib = 100", "sram_per_sm_kib = 100.3"), "sram_per_sm_kib must be a whole "
+                                                                              "number of bytes"),
     (lambda t: t + "\nsram_gb_per_s = nan\n", "sram_gb_per_s must be a finite number"),  # (accepted before)
     (lambda t: t.replace('compute_capability = "8.9"', 'compute_capability = "sm_89"'), "compute_capability must"),
     (lambda t: t.replace('compute_capability = "8.9"', 'compute_capability = "8.90"'), "compute_capability must"),

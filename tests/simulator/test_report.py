@@ -167,6 +167,26 @@ def test_cli_report_refuses_an_out_it_cannot_create(tmp_path, monkeypatch, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing measured, nothing written
 
 
+def test_cli_report_refuses_before_it_measures(tmp_path, monkeypatch, capsys):
+    # a spec without the fp16 rate that the predictions price at, a dangling link as --out, a negative seed: each
+    # failed after the compile and the measurements
+    from simulator.hardware import load
+
+    monkeypatch.chdir(tmp_path)
+    spec = load("T4").to_toml().replace("fp16_tflops = 65", "fp16_tflops = 0")
+    assert "fp16_tflops = 0" in spec
+    (tmp_path / "no_fp16.toml").write_text(spec)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for args, message in ((["--hardware", "no_fp16.toml"], "has no fp16 rate"), (["--out", "dangling"], "exists"),
+                          (["--seed", "-1"], "--seed: must be >= 0")):
+        try:
+            assert main(["report", "--quick", "--no-progress", *args]) == 2
+        except SystemExit as stop:  # (argparse's own refusal)
+            assert stop.code == 2
+        assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "no_fp16.toml"]  # nothing measured or written
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
 def test_a_report_stopped_by_a_signal_leaves_nothing(tmp_path, signame):
     # SIGINT was handled (KeyboardInterrupt); SIGTERM and SIGHUP left a hidden half-written run directory
