@@ -261,6 +261,8 @@ class SmolLM2:
         leaves ``lm_head``, and the embedding lookup is always float32.
         ``attention``: "flash" or "standard". ``weights``: instead of the GGUF, a ``(config, tensors)`` pair with
         tensors named and shaped as in the GGUF (for tests with small random models; no tokenizer then)."""
+        if attention not in ("flash", "standard"):  # (any other name decoded a one-token prompt before it failed)
+            raise ValueError(f"attention must be 'flash' or 'standard'; got {attention!r}")
         self.attention_algorithm = attention
         self.linear, self.quantize_lm_head = linear, quantize_lm_head
         if weights is not None:
@@ -519,12 +521,20 @@ class SmolLM2:
     def encode_chat(self, question: str, system: str = DEFAULT_SYSTEM) -> list[int]:
         """The ids of ``chat_prompt(question, system)``, with the question and the system text encoded as plain
         text: typed control tokens cannot end the user's turn and start another."""
+        for name, text in (("question", question), ("system", system)):
+            if not isinstance(text, str):
+                raise TypeError(f"{name} must be a str; got {type(text).__name__}")
         return (self.encode("<|im_start|>system\n") + self.encode(system, special=False)
                 + self.encode("<|im_end|>\n<|im_start|>user\n") + self.encode(question, special=False)
                 + self.encode("<|im_end|>\n<|im_start|>assistant\n"))
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        """The text of token ids (control tokens left out); an empty sequence is ''."""
+        ids = list(ids)
+        if not ids:
+            return ""
+        return self.tokenizer.decode(self._check_ids(ids, "ids"), skip_special_tokens=True)  # (an id past the
+        # vocabulary decoded to '' silently, a negative one raised OverflowError)
 
     def compress_cache(self, cache, queries, policy):
         """Apply a KV-cache policy to every layer after the prefill: ``policy(q, k, v) -> (k_c, v_c, kept)`` on
@@ -546,6 +556,8 @@ class SmolLM2:
         import time
 
         prompt_ids = self._check_ids(prompt_ids)
+        if timings is not None and not isinstance(timings, dict):
+            raise TypeError(f"timings must be a dict (or None); got {type(timings).__name__}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
                 or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")

@@ -259,3 +259,18 @@ def test_a_gguf_without_a_field_the_model_needs_is_refused_by_name(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="lacks the GGUF field 'llama.attention.layer_norm_rms_epsilon'"):
         gguf_contents(path)
+
+
+def test_the_text_calls_refuse_what_is_not_theirs(model, gguf_path):
+    # decode: an id past the vocabulary gave '' silently, a negative one an OverflowError; encode_chat blamed
+    # "text" for a system of None; an unknown attention decoded a one-token prompt; timings=[] an AttributeError
+    assert model.decode([]) == "" and model.decode(model.encode("Hello")) == "Hello"
+    for ids in ([10**6], [-1]):
+        with pytest.raises(ValueError, match=r"ids: token ids must be in \[0, 49152\)"):
+            model.decode(ids)
+    with pytest.raises(TypeError, match="system must be a str"):
+        model.encode_chat("hi", system=None)
+    with pytest.raises(TypeError, match="timings must be a dict"):
+        model.generate([1, 2], 1, timings=[])
+    with pytest.raises(ValueError, match="attention must be 'flash' or 'standard'"):
+        SmolLM2(gguf_path, attention="bogus")
