@@ -27,5 +27,9 @@ def check_finite(name: str, x, why: str) -> None:
 
 def check_float_dtype(name: str, x) -> None:
     """Raise ``TypeError`` unless the array ``x`` (host or device) has one of the accepted float dtypes."""
-    if np.dtype(x.dtype) not in COMPUTE_DTYPE:
+    dtype = np.dtype(x.dtype)
+    if dtype not in COMPUTE_DTYPE:
+        if dtype.kind == "f" and dtype.newbyteorder("=") in COMPUTE_DTYPE:  # ('>f4': float32, big-endian)
+            raise TypeError(f"{name} must be in this machine's byte order; got {dtype.str} ({dtype.name} of the "
+                            f"other order): pass {name}.astype({dtype.name})")
         raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")

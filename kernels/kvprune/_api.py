@@ -189,8 +189,10 @@ def top_positions(scores, n_keep):
     O(N) per row: a partition finds the n_keep-th largest value; everything above it is kept, and of the values
     equal to it the lowest positions fill what is left.
     """
-    if not isinstance(scores, np.ndarray) or scores.ndim < 1:
-        raise TypeError(f"scores must be a numpy.ndarray with at least one axis; got {type(scores).__name__}")
+    if not isinstance(scores, np.ndarray):
+        raise TypeError(f"scores must be a numpy.ndarray; got {type(scores).__name__}")
+    if scores.ndim < 1:
+        raise ValueError(f"scores must have at least one axis (positions along the last); got shape {scores.shape}")
     check_float_dtype("scores", scores)
     check_finite("scores", scores, "which ranks no position")
     return _top_positions(scores, _check_int("n_keep", n_keep, 0))
@@ -385,7 +387,9 @@ def h2o(q, k, v, *, capacity, scores=None, backend="auto"):
     choose_backend("h2o", backend, {"q": q, "k": k, "v": v}, tiers=("cpu",))
     capacity = _check_int("capacity", capacity, 2)
     B, Hkv, N = k.shape[:3]
-    if scores is not None and (not isinstance(scores, np.ndarray) or scores.shape != (B, Hkv, N)):
+    if scores is not None and not isinstance(scores, np.ndarray):
+        raise TypeError(f"scores must be a numpy.ndarray (h2o_scores' result); got {type(scores).__name__}")
+    if scores is not None and scores.shape != (B, Hkv, N):
         raise ValueError(f"scores must be an ndarray of shape (B, Hkv, N) = {(B, Hkv, N)}, as h2o_scores returns; "
                          f"got {getattr(scores, 'shape', type(scores).__name__)}")
     if N <= capacity:
@@ -406,6 +410,9 @@ def uniform_random(q, k, v, *, capacity, seed=0, backend="auto"):
     as for ``streaming_llm``."""
     _check_inputs(q, k, v, device_ok=True)
     capacity = _check_int("capacity", capacity, 1)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:  # (NumPy's own errors named
+        # no argument)
+        raise ValueError(f"seed must be an int >= 0; got {seed!r}")
     backend = choose_backend("uniform_random", backend, {"q": q, "k": k, "v": v},
                              cupy_refuses=lambda: _gather_refuses(k))
     B, Hkv, N = k.shape[:3]

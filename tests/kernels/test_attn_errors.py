@@ -48,3 +48,15 @@ def test_bfloat16_attention_checks_its_input_before_it_needs_a_gpu(rng):
         attention_bfloat16(bits[0], bits[1], bits[2][:, :8])
     with pytest.raises(ValueError, match="scale must be finite and > 0"):
         attention_bfloat16(*bits, scale=0.0)
+
+
+def test_a_float_of_the_other_byte_order_is_named_as_such(rng):
+    # '>f4' is float32 big-endian: "must have a floating dtype ... got >f4" read as if it were not a float
+    from kernels.dense import matmul_nt
+    from kernels.int8 import int8_matmul
+
+    big = rng.standard_normal((1, 2, 8, 4)).astype(">f4")
+    for call, name in ((lambda: kernels.attention(big, big, big), "q"), (lambda: int8_matmul(big[0, 0], big[0, 0]), "x"),
+                       (lambda: matmul_nt(big[0, 0], big[0, 0]), "x")):
+        with pytest.raises(TypeError, match=rf"{name} must be in this machine's byte order; got >f4"):
+            call()

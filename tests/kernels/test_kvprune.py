@@ -181,3 +181,16 @@ def test_scores_of_finite_inputs_whose_products_overflow_are_refused(rng, dtype)
     for call in calls:
         with pytest.raises(ValueError, match=f"dot products overflow {np.dtype(dtype).name}"):
             call()
+
+
+def test_the_helpers_name_what_they_refuse(rng):
+    # top_positions of a 0-d array said "...ndarray...; got ndarray", h2o's scores as a list a ValueError, and
+    # uniform_random's bad seeds NumPy's errors, which named no argument
+    q, k, v = _prompt(rng)
+    with pytest.raises(ValueError, match="scores must have at least one axis"):
+        kvprune.top_positions(np.array(1.0), 1)
+    with pytest.raises(TypeError, match="scores must be a numpy.ndarray"):
+        kvprune.h2o(q, k, v, capacity=64, scores=kvprune.h2o_scores(q, k).tolist())
+    for seed in (-1, 1.5, "x", None, True):
+        with pytest.raises(ValueError, match="seed must be an int >= 0"):
+            kvprune.uniform_random(q, k, v, capacity=64, seed=seed)
