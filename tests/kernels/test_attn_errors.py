@@ -56,7 +56,7 @@ def test_a_float_of_the_other_byte_order_is_named_as_such(rng):
     from kernels.int8 import int8_matmul
 
     big = rng.standard_normal((1, 2, 8, 4)).astype(">f4")
-    for call, name in ((lambda: kernels.attention(big, big, big), "q"), (lambda: int8_matmul(big[0, 0], big[0, 0]), "x"),
-                       (lambda: matmul_nt(big[0, 0], big[0, 0]), "x")):
+    for call, name in ((lambda: kernels.attention(big, big, big), "q"),
+                       (lambda: int8_matmul(big[0, 0], big[0, 0]), "x"), (lambda: matmul_nt(big[0, 0], big[0, 0]), "x")):
         with pytest.raises(TypeError, match=rf"{name} must be in this machine's byte order; got >f4"):
             call()
