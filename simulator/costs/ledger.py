@@ -180,6 +180,10 @@ class Cost:
         L2 bytes / L2 bandwidth, DRAM bytes / DRAM bandwidth), plus one launch overhead per kernel (Williams,
         Waterman & Patterson, "Roofline", CACM 2009; the hierarchical roofline of Yang et al., "Hierarchical
         Roofline Analysis for GPUs", 2020). A spec without an L2 bandwidth (0) has no L2 term."""
+        from ..hardware import HardwareSpec
+
+        if not isinstance(hw, HardwareSpec):  # (None was an AttributeError)
+            raise TypeError(f"hw must be a simulator.hardware.HardwareSpec; got {type(hw).__name__}")
         parts = []
         total = 0.0
         for k in self.kernels:

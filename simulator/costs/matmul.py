@@ -17,6 +17,14 @@ GEMM_TILE = (128, 128, 32)
 REUSE = ("ideal", "tiled")
 
 
+def _check_tile(tile):
+    """A (Bm, Bn, Bk) tile of whole numbers >= 1 (``tile=0`` was a TypeError from indexing it)."""
+    if not isinstance(tile, (tuple, list)) or len(tile) != 3:
+        raise ValueError(f"tile must be a (Bm, Bn, Bk) tuple; got {tile!r}")
+    bm, bn, bk = check_sizes(Bm=tile[0], Bn=tile[1], Bk=tile[2])
+    return int(bm), int(bn), int(bk)
+
+
 def _reuse_factors(m, n, tile, reuse):
     if reuse not in REUSE:
         raise ValueError(f"unknown reuse {reuse!r}; known: {', '.join(REUSE)}")
@@ -43,6 +51,7 @@ def dense(m, k, n, *, elem_bytes=2, out_bytes=None, flop_kind="fp16", tile=GEMM_
     m, k, n, elem_bytes = check_sizes(m=m, k=k, n=n, elem_bytes=elem_bytes)
     out_bytes = elem_bytes if out_bytes is None else check_sizes(out_bytes=out_bytes)[0]
     check_product("m·k·n·elem_bytes·4", m, k, n, np.maximum(elem_bytes, out_bytes), 4)
+    tile = _check_tile(tile)
     _reuse_factors(m, n, tile, reuse)  # checks reuse
     x_loads, w_loads, x_dram, w_dram, sram = _gemm_traffic(m, k, n, elem_bytes, elem_bytes, tile, reuse)
     kern = kernel("gemm", reads={"X": x_loads, "W": w_loads}, writes={"Y": m * n * out_bytes},
@@ -74,6 +83,7 @@ def int8_split(m, k, n, n_outliers, *, elem_bytes=2, out_bytes=None, tile=GEMM_T
     out_bytes = elem_bytes if out_bytes is None else check_sizes(out_bytes=out_bytes)[0]
     check_product("m·k·n·elem_bytes·4", m, k, n, np.maximum(elem_bytes, out_bytes), 4)
     k_in = k - n_out  # the regular (non-outlier) hidden dimensions
+    tile = _check_tile(tile)
     x_times, w_times, bm, bn = _reuse_factors(m, n, tile, "tiled")
     _reuse_factors(m, n, tile, reuse)  # checks reuse
     scale_x_reads = m * STAT_BYTES * x_times  # each output tile's epilogue reads its rows' scales

@@ -223,3 +223,16 @@ def test_the_shared_cache_never_adds_bytes():
                 assert float(c.dram_bytes) <= float(c.l2_traffic_bytes)
                 # every input is read once and every output written once at least
                 assert float(c.dram_bytes) >= 2 * 16 * 8192 * 128 * 2 * 2
+
+
+def test_a_bad_tile_or_hardware_is_named():
+    # dense(tile=0) was "'int' object is not subscriptable", Cost.time(None) an AttributeError
+    from simulator import costs
+
+    for tile, pattern in ((0, "tile must be a"), ((128, 128), "tile must be a"), ((128, 0, 32), "Bn must be >= 1")):
+        with pytest.raises(ValueError, match=pattern):
+            costs.dense(4, 8, 16, tile=tile)
+        with pytest.raises(ValueError, match=pattern):
+            costs.int8_split(4, 8, 16, 1, tile=tile)
+    with pytest.raises(TypeError, match="hw must be a simulator.hardware.HardwareSpec; got NoneType"):
+        costs.dense(4, 8, 16).time(None)
