@@ -80,6 +80,7 @@ def _passkey(args, model_class) -> int:
     from .smollm2 import fetch_gguf, load_tokenizer, open_gguf, require_model_extra
 
     require_model_extra()
+    passkey.check_options(args.depths, args.capacities, passkey.POLICIES)  # (checked after the prefill before)
     # every prompt length is checked with the tokenizer alone, before the weights are loaded and dequantized
     tokenizer = load_tokenizer(open_gguf(fetch_gguf(args.gguf)))
     for n_tokens in args.contexts:

@@ -16,6 +16,7 @@ prompt, which matters for who can find the passkey:
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +98,7 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
     stopped). Each prompt is prefilled once; every policy compresses a copy of that prefill's cache and decodes
     greedily. Contexts that the model's own (``context_length``) cannot hold with the answer's tokens are refused
     before any runs."""
+    check_options(depths, capacities, policies, window)
     limit = getattr(model, "context_length", None)
     too_long = [n for n in contexts if limit is not None and n + max_new_tokens > limit]
     if too_long:
@@ -131,6 +133,26 @@ def evaluate(model, contexts=CONTEXTS, depths=DEPTHS, capacities=CAPACITIES, pol
                 if on_row is not None:
                     on_row(rows[-1])
     return rows
+
+
+def check_options(depths, capacities, policies, window=32):
+    """Refuse, before any model runs, a depth outside [0, 1] and a capacity that a policy refuses: each policy is
+    run once on a small random prompt one token longer than the capacity (its own checks, e.g. SnapKV's capacity
+    above its window), so that a bad option fails in seconds, not after a prefill."""
+    for depth in depths:
+        if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not 0.0 <= depth <= 1.0:
+            raise ValueError(f"depths must be numbers within [0, 1]; got {depth!r}")
+    rng = np.random.default_rng(0)
+    for capacity in capacities:
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity < 1:
+            raise ValueError(f"capacities must be ints >= 1; got {capacity!r}")
+        q, k, v = (rng.standard_normal((1, 1, int(capacity) + 1, 2), dtype=np.float32) for _ in range(3))
+        for name in policies:
+            options = {"window": window} if name == "snapkv" else {}
+            try:
+                cache_policy(name, capacity=capacity, **options)(q, k, v)
+            except ValueError as err:
+                raise ValueError(f"capacity {capacity} for {name}: {err}") from None
 
 
 def accuracy_table(rows):

@@ -47,6 +47,21 @@ def test_bad_arguments():
         passkey.make_case(byte_encode, least - 1, 0.5, seed=0)
 
 
+@pytest.mark.parametrize("depths, capacities, pattern", [
+    ([2.0], [64], "depths must be numbers within"), ([0.5], [8], "capacity 8 for snapkv: capacity must exceed window"),
+    ([0.5], [0], "capacities must be ints >= 1"), ([0.5], [1], "capacity 1 for snapkv"), (["0.5"], [64], "depths"),
+])
+def test_bad_depths_and_capacities_are_refused_before_any_run(depths, capacities, pattern):
+    class Model:  # nothing may call it
+        context_length = 8192
+
+        def __getattr__(self, name):
+            raise AssertionError(f"evaluate used the model ({name}) before refusing")
+
+    with pytest.raises(ValueError, match=pattern):
+        passkey.evaluate(Model(), contexts=[512], depths=depths, capacities=capacities)
+
+
 def test_contexts_past_the_models_are_refused_before_any_run():
     class Model:  # a model with a context of 1024 tokens, which nothing may call
         context_length = 1024
