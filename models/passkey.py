@@ -63,8 +63,10 @@ def _needle(passkey: str) -> str:
 def make_case(encode, n_tokens: int, depth: float, seed: int) -> PasskeyCase:
     """A prompt of exactly ``n_tokens`` tokens (``encode``: text -> ids) with a seeded 5-digit passkey placed after
     ``depth`` of the haystack's tokens (at a sentence boundary)."""
-    if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be within [0, 1]; got {depth}")
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be a number within [0, 1]; got {depth!r}")
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral):
+        raise ValueError(f"n_tokens must be an int; got {n_tokens!r}")
     rng = np.random.default_rng(seed)
     passkey = str(int(rng.integers(10000, 100000)))
     head = encode(f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\n{INSTRUCTION}\n")

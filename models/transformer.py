@@ -91,6 +91,8 @@ def _check_batch(ids, lengths, name, vocab):
     ids = np.asarray(ids)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(f"{name} must be a 2-D integer array (batch, tokens); got {ids.dtype} {ids.shape}")
+    if 0 in ids.shape:  # (NumPy's "zero-size array" from inside the model before)
+        raise ValueError(f"{name} must hold at least one sequence of at least one token; got shape {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"{name} holds ids outside [0, {vocab})")
     return ids, _check_lengths(lengths, ids.shape[0], ids.shape[1], name)

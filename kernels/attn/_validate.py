@@ -11,7 +11,8 @@ from .._common.gpu import is_device_array
 
 
 def _check_array(name, x):
-    if not (isinstance(x, np.ndarray) or is_device_array(x)):
+    if not (isinstance(x, np.ndarray) or is_device_array(x)) or isinstance(x, np.matrix):  # (a matrix stays 2-D
+        # when indexed: "not enough values to unpack")
         raise TypeError(f"{name} must be a numpy.ndarray or a device array (__cuda_array_interface__); "
                         f"got {type(x).__name__}")
     check_float_dtype(name, x)

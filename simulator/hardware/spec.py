@@ -213,7 +213,7 @@ def load(name_or_path) -> HardwareSpec:
     path = Path(text)
     if path.suffix == ".toml":
         if not path.is_file():
-            raise ValueError(f"hardware file {path} does not exist")
+            raise ValueError(f"hardware file {path} " + ("is a directory" if path.is_dir() else "does not exist"))
         return from_toml(path.read_text(), origin=str(path))
     by_lower = {name.lower(): name for name in preset_names()}
     if text.lower() not in by_lower:

@@ -56,7 +56,15 @@ def test_a_float_of_the_other_byte_order_is_named_as_such(rng):
     from kernels.int8 import int8_matmul
 
     big = rng.standard_normal((1, 2, 8, 4)).astype(">f4")
-    for call, name in ((lambda: kernels.attention(big, big, big), "q"),
-                       (lambda: int8_matmul(big[0, 0], big[0, 0]), "x"), (lambda: matmul_nt(big[0, 0], big[0, 0]), "x")):
+    x = big[0, 0]
+    for call, name in ((lambda: kernels.attention(big, big, big), "q"), (lambda: int8_matmul(x, x), "x"),
+                       (lambda: matmul_nt(x, x), "x")):
         with pytest.raises(TypeError, match=rf"{name} must be in this machine's byte order; got >f4"):
             call()
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # (NumPy's, on making a matrix)
+def test_a_numpy_matrix_is_refused(rng):
+    q = np.asmatrix(rng.standard_normal((8, 4)).astype(np.float32))  # (stays 2-D when indexed)
+    with pytest.raises(TypeError, match=r"q must be a numpy.ndarray or a device array \(.*\); got matrix"):
+        kernels.attention(q, np.asarray(q), np.asarray(q))

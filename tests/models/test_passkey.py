@@ -37,8 +37,12 @@ def test_cases_are_reproducible_and_differ_by_seed():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="depth must be within"):
+    with pytest.raises(ValueError, match="depth must be a number within"):
         passkey.make_case(byte_encode, 800, 1.5, seed=0)
+    with pytest.raises(ValueError, match="depth must be a number within"):
+        passkey.make_case(byte_encode, 800, "0.5", seed=0)  # (a comparison error before)
+    with pytest.raises(ValueError, match="n_tokens must be an int"):
+        passkey.make_case(byte_encode, 1024.5, 0.5, seed=0)  # (a slice error before)
     with pytest.raises(ValueError, match="n_tokens=100 leaves no room") as refused:
         passkey.make_case(byte_encode, 100, 0.5, seed=0)
     least = int(str(refused.value).split("needs >= ")[1].rstrip(")"))  # the message's least length is taken

@@ -84,6 +84,8 @@ def test_decode_refuses_lengths_and_memory_that_do_not_fit(rng):
     for lengths in ([4], [0, 4], [9, 4], [2.5, 4]):
         with pytest.raises(ValueError, match="src_ids lengths"):
             model.decode(tgt, memory, lengths)
+    with pytest.raises(ValueError, match="at least one sequence"):
+        model.forward(src[:0], tgt[:0])
     for bad in (memory[:1], memory[:, :0], memory[..., :-1], memory.tolist(), memory.astype(np.int32)):
         with pytest.raises(ValueError, match="memory must be"):
             model.decode(tgt, bad)

@@ -132,3 +132,9 @@ def test_a_cpu_model_string_becomes_a_safe_name(monkeypatch):
     assert name == f"cpu (EVIL b x /b y z h x{os.cpu_count()})"
     hw = hardware.replace(hardware.load("L4"), name=name)
     assert hardware.from_toml(hw.to_toml()) == hw  # the round trip the calibration makes
+
+
+def test_a_directory_named_like_a_spec_file_is_named_as_such(tmp_path):
+    (tmp_path / "x.toml").mkdir()
+    with pytest.raises(ValueError, match="x.toml is a directory"):
+        hardware.load(str(tmp_path / "x.toml"))
