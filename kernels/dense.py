@@ -78,6 +78,8 @@ def matmul_nt(x, w):
     ------
     TypeError, ValueError
         Non-arrays, non-float dtypes, arrays that are not 2-D, a K that differs, an empty K.
+    kernels.InsufficientMemoryError
+        A result (and float32 copies of the inputs) that would not fit the machine's memory, before anything runs.
     """
     for name, a in (("x", x), ("w", w)):
         if not isinstance(a, np.ndarray):

@@ -103,7 +103,10 @@ def weight_bytes(cfg: ModelConfig, precision: str) -> int:
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, elem_bytes: int = 2) -> int:
     """K and V of one token across all layers: 2 · layers · kv_heads · head_dim · bytes (GQA shrinks kv_heads)."""
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * _count("elem_bytes", elem_bytes, 1)
+    if isinstance(elem_bytes, bool) or not isinstance(elem_bytes, numbers.Real) or not elem_bytes > 0 \
+            or not math.isfinite(elem_bytes):  # (0.5: a 4-bit cache, as PRECISION_BYTES' int4)
+        raise ValueError(f"elem_bytes must be a finite number > 0; got {elem_bytes!r}")
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem_bytes
 
 
 def kv_cache_bytes(cfg: ModelConfig, tokens: int, *, batch: int = 1, elem_bytes: int = 2) -> int:

@@ -230,8 +230,9 @@ def int8_gemm(x_i8, w_i8):
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
     N = w_i8.shape[0]
-    ensure_fits(4 * M * N + (M + N) * K + 4 * N, f"int8_gemm's ({M}, {N}) int32 result (with copies of its "
-                f"operands)")
+    copies = sum(a.size for a in (x_i8, w_i8) if not a.flags.c_contiguous)  # (int8: a byte an element)
+    ensure_fits(4 * M * N + copies + M * K + 4 * N, f"int8_gemm's ({M}, {N}) int32 result (with its operands' "
+                f"offset or contiguous copies and row sums)")
     w_i8 = np.ascontiguousarray(w_i8)
     w_row_sums = None
     with serial_if_small(multiply_adds=M * K * w_i8.shape[0]):  # a small product on the calling thread, its
@@ -463,7 +464,10 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     TypeError
         Non-array or non-float inputs, a non-numeric threshold, device inputs with ``backend="cpu"``.
     ValueError
-        NaN or ±inf in x or w, mismatched K, a negative threshold, K too large for exact int32 sums.
+        NaN or ±inf in x or w, mismatched K, a negative threshold, K too large for exact int32 sums; with
+        threshold > 0, values of x or w from 65520 on (the outlier dimensions go through float16).
+    kernels.InsufficientMemoryError
+        A result and work that would not fit the machine's memory, before anything runs (the CPU tier).
 
     Notes
     -----

@@ -36,7 +36,7 @@ from . import _avx2
 QMAX = 127  # symmetric int8 range (LLM.int8() §3.1)
 # An int32 sum of K products of int8 values is exact while K <= floor((2^31 - 1) / 128²): each product is at most
 # 128² in magnitude, (−128)·(−128). The quantizer's values stop at ±127, but ``int8_gemm`` and ``Int8Weight`` take
-# any int8, and with 127² the bound let K = 133152 products of −128 wrap to a negative sum.
+# any int8, and with 127² the bound let K = 133144 products of −128 wrap to a negative sum.
 MAX_EXACT_K = (2**31 - 1) // (128 * 128)
 COL_BLOCK = 256  # columns per task of the outlier scan: one cache-friendly strip of each row
 

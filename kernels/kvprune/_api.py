@@ -410,9 +410,7 @@ def uniform_random(q, k, v, *, capacity, seed=0, backend="auto"):
     as for ``streaming_llm``."""
     _check_inputs(q, k, v, device_ok=True)
     capacity = _check_int("capacity", capacity, 1)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:  # (NumPy's own errors named
-        # no argument)
-        raise ValueError(f"seed must be an int >= 0; got {seed!r}")
+    seed = _check_int("seed", seed, 0)  # (NumPy's own errors named no argument)
     backend = choose_backend("uniform_random", backend, {"q": q, "k": k, "v": v},
                              cupy_refuses=lambda: _gather_refuses(k))
     B, Hkv, N = k.shape[:3]

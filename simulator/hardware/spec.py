@@ -26,7 +26,9 @@ NAME_CHARACTERS = re.compile(r"[\w .,:;()+/@-]")  # what a spec's name may hold 
 def safe_name(text: str) -> str:
     """``text`` (a CPU's model string, say) with every character outside ``NAME_CHARACTERS`` made a space and the
     spaces collapsed; real model names ("Intel(R) Xeon(R) Platinum 8480+ @ 2.00GHz") keep every character."""
-    return " ".join("".join(c if NAME_CHARACTERS.fullmatch(c) else " " for c in str(text)).split()) or "unknown"
+    name = " ".join("".join(c if NAME_CHARACTERS.fullmatch(c) else " " for c in str(text)).split())
+    return name[:64].rstrip() or "unknown"  # (x86 brand strings hold 48 characters at most; a name 80)
+
 
 # Shared memory serves 32 banks × 4 B = 128 B per clock per SM (CUDA programming guide, "Shared Memory"); the
 # aggregate SRAM bandwidth is derived from it (FlashAttention §2.1 quotes ~19 TB/s for A100 = 108 × 128 B × 1.41 GHz).

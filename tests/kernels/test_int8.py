@@ -61,7 +61,7 @@ def test_int8_gemm_is_exact(rng, dot_path, m, k, n):
 
 @pytest.mark.parametrize("value_x, value_w", [(-127, -127), (-128, -128), (127, -128), (-128, 127), (127, 127)])
 def test_int8_gemm_at_the_extremes_is_exact(dot_path, value_x, value_w):
-    # at the largest K int8_gemm takes, every int8 pair: (−128)·(−128) included (with a bound from 127², K = 133152
+    # at the largest K int8_gemm takes, every int8 pair: (−128)·(−128) included (with a bound from 127², K = 133144
     # of those wrapped to −2113536000)
     k = int8.MAX_EXACT_K
     assert 128 * 128 * k <= 2**31 - 1 < 128 * 128 * (k + 1)

@@ -42,12 +42,13 @@ def test_unknown_model_lists_the_known():
     ({"tokens": -5}, "tokens must be a whole number >= 0"),  # −2621440 bytes before
     ({"tokens": 2.5}, "tokens must be a whole number >= 0"),  # a float before
     ({"tokens": 8, "batch": -1}, "batch must be a whole number >= 1"),
-    ({"tokens": 8, "elem_bytes": -2}, "elem_bytes must be a whole number >= 1"),
+    ({"tokens": 8, "elem_bytes": -2}, "elem_bytes must be a finite number > 0"),
 ])
 def test_the_calculators_refuse_counts_that_are_not_counts(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         kv_cache_bytes(get_config("smollm2-135m"), **kwargs)
     assert kv_cache_bytes(get_config("llama-2-7b"), 4096) == 2 * 32 * 32 * 128 * 2 * 4096  # 2 GiB at fp16
+    assert kv_cache_bytes(get_config("llama-2-7b"), 4096, elem_bytes=0.5) == 2 * 32 * 32 * 128 * 4096 // 2  # int4
 
 
 @pytest.mark.parametrize("field, value", [("n_layers", 2.5), ("hidden", "576"), ("n_heads", True),

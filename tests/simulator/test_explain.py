@@ -226,8 +226,9 @@ def test_the_command_never_writes_over_a_directory(tmp_path, capsys, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.md"] and (tmp_path / "index.md").read_text() == "mine"
     assert main(["explain", "kv-cache", "--out", "page"]) == 0
     assert (tmp_path / "page" / "index.html").is_file()
-    assert main(["explain", "kv-cache", "--context", "2048", "--capacity", "100000"]) == 2
+    assert main(["explain", "kv-cache", "--context", "2048", "--capacity", "100000", "--out", "refused"]) == 2
     assert "capacity must be below the context (2,048 tokens)" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()  # (left behind, it refused the rerun with a valid capacity)
     with pytest.raises(SystemExit):  # a negative seed, before anything runs
         main(["explain", "softmax-tiles", "--seed", "-1"])
     assert "--seed: must be >= 0" in capsys.readouterr().err
