@@ -30,26 +30,25 @@ def _hardware(name):
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _positive(text):
+def _whole(text, minimum):
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
+
+
+def _positive(text):
+    """argparse type: a whole number >= 1 (a size)."""
+    return _whole(text, 1)
 
 
 def _nonnegative(text):
     """argparse type: a whole number >= 0 (a seed of NumPy's generators, a count of outliers), checked before
     anything runs."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+    return _whole(text, 0)
 
 
 def out_problem(text: str | None) -> str | None:

@@ -144,15 +144,20 @@ def test_swiglu_on_a_run_of_features_is_the_whole_products_bits_and_writes_nothi
     assert np.array_equal(out[~inside].view(np.uint32), before[~inside].view(np.uint32))
 
 
+def _one_step_arrays(hkv=2, cap=8, d=4, hq=4):
+    """rope_attend's arrays for one token: qkv, cos, sin, k_cache, v_cache, o (a cache of ``cap`` slots)."""
+    qkv = np.ones(hq * d + 2 * hkv * d, np.float32)
+    cos = sin = np.ones(d // 2, np.float32)
+    k_cache, v_cache = (np.zeros((hkv, cap, d), np.float32) for _ in range(2))
+    return qkv, cos, sin, k_cache, v_cache, np.empty(hq * d, np.float32)
+
+
 def test_the_fused_steps_refuse_what_would_index_out_of_bounds():
     # the Numba kernels index by the sizes they are given: a slot past the cache wrote out of bounds
     from kernels import decode
 
-    hkv, cap, d, hq = 2, 8, 4, 4
-    qkv = np.ones(hq * d + 2 * hkv * d, np.float32)
-    cos = sin = np.ones(d // 2, np.float32)
-    k_cache, v_cache = (np.zeros((hkv, cap, d), np.float32) for _ in range(2))
-    o = np.empty(hq * d, np.float32)
+    cap = 8
+    qkv, cos, sin, k_cache, v_cache, o = _one_step_arrays(cap=cap)
     with pytest.raises(ValueError, match=r"n must be a slot of the cache, an int in \[0, 8\)"):
         decode.rope_attend(qkv, cos, sin, k_cache, v_cache, cap, 0.5, o)
     with pytest.raises(ValueError, match="qkv must be"):
@@ -171,11 +176,7 @@ def test_the_fused_steps_refuse_scales_aliases_and_arrays_they_cannot_write():
     # value written over the key); a read-only output was a TypingError, a strided x "got float32"
     from kernels import decode
 
-    hkv, cap, d, hq = 2, 8, 4, 4
-    qkv = np.ones(hq * d + 2 * hkv * d, np.float32)
-    cos = sin = np.ones(d // 2, np.float32)
-    k_cache, v_cache = (np.zeros((hkv, cap, d), np.float32) for _ in range(2))
-    o = np.empty(hq * d, np.float32)
+    qkv, cos, sin, k_cache, v_cache, o = _one_step_arrays()
     for scale in (np.nan, np.inf, 0.0, -1.0, "0.5", None):
         with pytest.raises(ValueError, match="scale must be a finite number > 0"):
             decode.rope_attend(qkv, cos, sin, k_cache, v_cache, 0, scale, o)
