@@ -35,6 +35,13 @@ def _check_float(name, x, ndim=None, *, axis=-1, through_float16=False):
         _check_absmax(name, np.abs(x).max(axis=axis), through_float16)  # NaN where a vector holds a NaN
 
 
+def _outliers_from(threshold):
+    """``through_float16`` of an input x at ``threshold``: the threshold where it is a number > 0 (x's values from it
+    on are outliers, which go through float16), else False."""
+    return float(threshold) if isinstance(threshold, numbers.Real) and not isinstance(threshold, bool) \
+        and threshold > 0 else False
+
+
 def _check_float_type(name, x, ndim=None):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray; got {type(x).__name__}")
@@ -46,15 +53,18 @@ def _check_absmax(name, amax, through_float16=False):
     """The values the int8 path can represent, from the absmax of every vector of ``name`` (``amax``, non-empty;
     NaN or inf where the vector holds a NaN or ±inf): finite, within float32 (it computes in float32), no vector
     whose largest magnitude is below float32's normal range (127 / absmax would overflow: all-zero codes), and with
-    ``through_float16`` (the outlier dimensions of a call with threshold > 0) below 65520, from where float16 rounds
-    to inf."""
+    ``through_float16`` below 65520, from where float16 rounds to inf: True where every value can go through float16
+    (a kept float16 weight), or a call's threshold > 0, from which on values are outliers and do (a value of 70000
+    below a threshold of 1e5 is quantized to int8 like any other)."""
     if not np.isfinite(amax).all():
         raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
     top = float(amax.max())
     if top > FLOAT32_MAX:
         raise ValueError(f"{name} has values up to {top:.3g}, beyond float32's range ({FLOAT32_MAX:.3g}), which the "
                          f"int8 kernels compute in")
-    if through_float16 and top >= _numba_cpu.FLOAT16_MAX_ROUNDABLE:
+    bound = _numba_cpu.FLOAT16_MAX_ROUNDABLE if through_float16 is True else max(_numba_cpu.FLOAT16_MAX_ROUNDABLE,
+                                                                                through_float16 or 0.0)
+    if through_float16 and top >= bound:
         raise ValueError(f"{name} has values up to {top:.6g}; the outlier dimensions go through float16, which "
                          f"rounds them to inf from {_numba_cpu.FLOAT16_MAX_ROUNDABLE:g} on: scale {name} down, or "
                          f"pass threshold=0 (int8 only)")
@@ -354,7 +364,7 @@ def _check_gpu_call(x, w, threshold):
     """The checks both GPU tiers make: (weight or None, K, N, x's shape, threshold). ``weight`` is the
     ``Int8Weight`` when w is pre-quantized, None when w is a float matrix to quantize on the device."""
     through_float16 = isinstance(threshold, numbers.Real) and threshold > 0
-    _check_any_float("x", x, "vectors", through_float16=through_float16)
+    _check_any_float("x", x, "vectors", through_float16=_outliers_from(threshold))
     weight = None
     if isinstance(w, (Int8Weight, Int8Linear)):
         weight = _as_weight(w)
@@ -486,7 +496,7 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     if backend == "numba-cuda":
         return _int8_matmul_numba_cuda(x, w, threshold)
     # x before w, as the GPU tiers check them
-    _check_float("x", x, "vectors", through_float16=isinstance(threshold, numbers.Real) and threshold > 0)
+    _check_float("x", x, "vectors", through_float16=_outliers_from(threshold))
     y, _ = _int8_matmul_cpu(x, _as_weight(w), _check_threshold(threshold), x_checked=True)
     return y
 
@@ -502,7 +512,7 @@ def _check_outlier_weights(weight: Int8Weight, threshold):
 def _int8_matmul_cpu(x, weight: Int8Weight, threshold, x_checked=False):
     """The CPU tier on NumPy x (..., K): (y (..., N) float32, the outlier dimensions of this call)."""
     if not x_checked:
-        _check_float("x", x, "vectors", through_float16=threshold > 0)
+        _check_float("x", x, "vectors", through_float16=_outliers_from(threshold))
     _check_outlier_weights(weight, threshold)
     N, K = weight.shape
     _check_k(x.shape, weight.shape)

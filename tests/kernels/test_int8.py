@@ -621,6 +621,11 @@ def test_large_values_pass_without_the_float16_path():
     x = np.array([[1.0, 2.0, 7e4]], np.float32)
     w = np.eye(3, dtype=np.float32)
     assert np.allclose(int8_matmul(x, w, threshold=0.0), x, rtol=0.01, atol=300)
+    # nor below a threshold above it: 70000 is no outlier at 1e5 (it was refused for any threshold > 0)
+    for call in (lambda: int8_matmul(x, w, threshold=1e5), lambda: Int8Linear.from_float(w, threshold=1e5)(x)):
+        assert np.array_equal(call(), int8_matmul(x, w, threshold=0.0))
+    with pytest.raises(ValueError, match="rounds them to inf"):  # an outlier from 7e4 on: through float16
+        int8_matmul(x, w, threshold=7e4)
     with pytest.raises(ValueError, match="rounds them to inf"):
         Int8Weight.from_float(np.array([[7e4, 1.0]], np.float32), keep_fp16_weights=True)
 
