@@ -475,7 +475,8 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
         Non-array or non-float inputs, a non-numeric threshold, device inputs with ``backend="cpu"``.
     ValueError
         NaN or ±inf in x or w, mismatched K, a negative threshold, K too large for exact int32 sums; with
-        threshold > 0, values of x or w from 65520 on (the outlier dimensions go through float16).
+        threshold > 0, values of w from 65520 on and of x from max(65520, threshold) on (the outlier dimensions go
+        through float16).
     kernels.InsufficientMemoryError
         A result and work that would not fit the machine's memory, before anything runs (the CPU tier).
 

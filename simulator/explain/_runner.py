@@ -40,12 +40,13 @@ def _explain(args) -> int:
         lesson = run_topic(args.topic, out=args.out, emit=show, seed=args.seed, n=args.n, tile=args.tile,
                            hardware=args.hardware, preset=args.model, context=args.context, capacity=args.capacity)
     except BaseException as err:
-        if args.out is not None:  # the directory this call made (out_problem refused one that existed): a rerun
-            shutil.rmtree(args.out, ignore_errors=True)  # with a valid option would find it and be refused
+        # the directory this call made (out_problem refused one that existed) goes: left, it would refuse a rerun
+        if args.out is not None:
+            shutil.rmtree(args.out, ignore_errors=True)
         if not isinstance(err, ValueError):
             raise
-        print(f"error: {err}", file=sys.stderr)  # a size the topic refuses (e.g. a capacity outside (window,
-        return 2  # context))
+        print(f"error: {err}", file=sys.stderr)  # a size the topic refuses (e.g. a capacity outside the context)
+        return 2
     seconds = time.perf_counter() - start
     if args.out is not None:
         print(f"written to {args.out}/index.md and {args.out}/index.html ({len(lesson.files)} charts)",
