@@ -10,6 +10,7 @@ import numpy as np
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
+from .._common.memory import ensure_fits
 from .._common.blas import single_threaded_blas
 from . import _numba_cpu
 
@@ -214,12 +215,22 @@ def _top_positions(scores, n_keep):
 
 
 def _gather(k, v, kept, heads):
-    """K and V rows at ``kept`` (B, heads, C); kv heads are repeated first when ``heads`` is Hq."""
-    group = heads // k.shape[1]
-    if group > 1:
-        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    index = kept[..., None]
-    return np.take_along_axis(k, index, axis=2), np.take_along_axis(v, index, axis=2)
+    """K and V rows at ``kept`` (B, heads, C); with ``heads`` = Hq (a cache per query head), head h reads kv head
+    h // group. The result is refused before it is made when it would not fit the machine's memory (with Hq heads
+    it is group times the kv heads' size)."""
+    B, Hkv, _, d = k.shape
+    C, group = kept.shape[-1], heads // Hkv
+    ensure_fits(2 * B * heads * C * d * k.itemsize, f"the kept keys and values, 2 × ({B}, {heads}, {C}, {d}) in "
+                f"{k.dtype}")
+    if group == 1:
+        index = kept[..., None]
+        return np.take_along_axis(k, index, axis=2), np.take_along_axis(v, index, axis=2)
+    k_c, v_c = np.empty((B, heads, C, d), k.dtype), np.empty((B, heads, C, d), v.dtype)
+    for h in range(heads):  # (head by head: the kv heads repeated group times first was group × the whole k and v)
+        index = kept[:, h, :, None]  # (B, C, 1)
+        k_c[:, h] = np.take_along_axis(k[:, h // group], index, axis=1)
+        v_c[:, h] = np.take_along_axis(v[:, h // group], index, axis=1)
+    return k_c, v_c
 
 
 def _unchanged(q, k, v, heads):

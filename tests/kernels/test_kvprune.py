@@ -39,8 +39,9 @@ def test_kept_sets_equal_the_oracle(rng, hq, hkv, n, capacity, window, kernel_si
     assert k_c.shape == v_c.shape == (2, heads, capacity, 16)
     assert np.all(np.diff(kept, axis=-1) > 0)  # sorted, distinct
     assert np.array_equal(kept[..., -window:], np.broadcast_to(np.arange(n - window, n), kept[..., -window:].shape))
-    kv_heads = np.repeat(k, heads // hkv, axis=1)
-    assert np.array_equal(k_c, np.take_along_axis(kv_heads, kept[..., None], axis=2))
+    for cache, full in ((k_c, k), (v_c, v)):
+        kv_heads = np.repeat(full, heads // hkv, axis=1)
+        assert np.array_equal(cache, np.take_along_axis(kv_heads, kept[..., None], axis=2))
 
 
 @pytest.mark.parametrize("pooling", ["max", "avg"])
@@ -196,3 +197,18 @@ def test_the_helpers_name_what_they_refuse(rng):
     for seed in (1.5, "x", None, True):
         with pytest.raises(TypeError, match="seed must be an int"):
             kvprune.uniform_random(q, k, v, capacity=64, seed=seed)
+
+
+def test_a_kept_cache_that_would_not_fit_is_refused_before_it_is_made(rng, monkeypatch):
+    # the per-query-head cache is group times the kv heads' (and was made from k and v repeated group times)
+    from kernels._common import memory
+
+    q, k, v = _prompt(rng, Hq=6, Hkv=2, N=200, dtype=np.float32)
+    predicted = 2 * 1 * 6 * 64 * 16 * 4  # 2 × (B, Hq, capacity, d) float32
+    monkeypatch.setattr(memory, "MIN_CHECKED_BYTES", 0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted - 1)
+    refused = rf"\(1, 6, 64, 16\) in float32 needs .*\({predicted} bytes"
+    with pytest.raises(kernels.InsufficientMemoryError, match=refused):
+        snapkv_compress(q, k, v, capacity=64, window=8, gqa="per-query-head")
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted)
+    snapkv_compress(q, k, v, capacity=64, window=8, gqa="per-query-head")
