@@ -35,11 +35,9 @@ class ModelConfig:
         if self.arch not in ("llama", "gpt2"):
             raise ValueError(f"{self.name}: arch must be 'llama' or 'gpt2'; got {self.arch!r}")
         for name in ("n_layers", "hidden", "intermediate", "n_heads", "n_kv_heads", "vocab", "max_positions"):
-            value = getattr(self, name)
-            if not _whole(value) or value < (0 if name == "max_positions" else 1):  # (2.5 layers counted 98944.0
-                # parameters)
-                raise ValueError(f"{self.name}: {name} must be a whole number >= "
-                                 f"{0 if name == 'max_positions' else 1}; got {value!r}")
+            value, least = getattr(self, name), 0 if name == "max_positions" else 1
+            if not _whole(value) or value < least:  # (2.5 layers counted 98944.0 parameters)
+                raise ValueError(f"{self.name}: {name} must be a whole number >= {least}; got {value!r}")
         if not isinstance(self.tied_embeddings, bool):
             raise ValueError(f"{self.name}: tied_embeddings must be a bool; got {self.tied_embeddings!r}")
         if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, numbers.Real) \

@@ -60,10 +60,15 @@ def _needle(passkey: str) -> str:
     return f" The pass key is {passkey}. Remember it. {passkey} is the pass key. "
 
 
+def _is_depth(value) -> bool:
+    """A needle's depth: a number within [0, 1] (a fraction of the haystack's tokens)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and 0.0 <= value <= 1.0
+
+
 def make_case(encode, n_tokens: int, depth: float, seed: int) -> PasskeyCase:
     """A prompt of exactly ``n_tokens`` tokens (``encode``: text -> ids) with a seeded 5-digit passkey placed after
     ``depth`` of the haystack's tokens (at a sentence boundary)."""
-    if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not 0.0 <= depth <= 1.0:
+    if not _is_depth(depth):
         raise ValueError(f"depth must be a number within [0, 1]; got {depth!r}")
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral):
         raise ValueError(f"n_tokens must be an int; got {n_tokens!r}")
@@ -142,7 +147,7 @@ def check_options(depths, capacities, policies, window=32):
     run once on a small random prompt one token longer than the capacity (its own checks, e.g. SnapKV's capacity
     above its window), so that a bad option fails in seconds, not after a prefill."""
     for depth in depths:
-        if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not 0.0 <= depth <= 1.0:
+        if not _is_depth(depth):
             raise ValueError(f"depths must be numbers within [0, 1]; got {depth!r}")
     rng = np.random.default_rng(0)
     for capacity in capacities:

@@ -27,19 +27,19 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4e38 (IEEE 754 binary32)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # 1.18e-38, the smallest normal binary32
 
 
-def _check_float(name, x, ndim=None, *, axis=-1, through_float16=False):
+def _check_float(name, x, ndim=None, *, axis=-1, float16_from=None):
     """Type, dtype and shape, then, in one pass over the absmax of every vector along ``axis``, the values the int8
     path can represent (``_check_absmax``)."""
     _check_float_type(name, x, ndim)
     if x.size:
-        _check_absmax(name, np.abs(x).max(axis=axis), through_float16)  # NaN where a vector holds a NaN
+        _check_absmax(name, np.abs(x).max(axis=axis), float16_from)  # NaN where a vector holds a NaN
 
 
 def _outliers_from(threshold):
-    """``through_float16`` of an input x at ``threshold``: the threshold where it is a number > 0 (x's values from it
-    on are outliers, which go through float16), else False."""
+    """``float16_from`` of an input x at ``threshold``: the threshold where it is a number > 0 (x's values from it
+    on are outliers, which go through float16), else None."""
     return float(threshold) if isinstance(threshold, numbers.Real) and not isinstance(threshold, bool) \
-        and threshold > 0 else False
+        and threshold > 0 else None
 
 
 def _check_float_type(name, x, ndim=None):
@@ -49,22 +49,20 @@ def _check_float_type(name, x, ndim=None):
     _check_ndim(name, x, ndim)
 
 
-def _check_absmax(name, amax, through_float16=False):
+def _check_absmax(name, amax, float16_from=None):
     """The values the int8 path can represent, from the absmax of every vector of ``name`` (``amax``, non-empty;
     NaN or inf where the vector holds a NaN or ±inf): finite, within float32 (it computes in float32), no vector
-    whose largest magnitude is below float32's normal range (127 / absmax would overflow: all-zero codes), and with
-    ``through_float16`` below 65520, from where float16 rounds to inf: True where every value can go through float16
-    (a kept float16 weight), or a call's threshold > 0, from which on values are outliers and do (a value of 70000
-    below a threshold of 1e5 is quantized to int8 like any other)."""
+    whose largest magnitude is below float32's normal range (127 / absmax would overflow: all-zero codes), and where
+    values from ``float16_from`` on go through float16 (None: none do), none from max(``float16_from``, 65520) on,
+    where float16 rounds to inf: 0 for a kept float16 weight, every value of which does; a call's threshold > 0 for
+    its input, whose outliers do (a value of 70000 below a threshold of 1e5 is quantized to int8 like any other)."""
     if not np.isfinite(amax).all():
         raise ValueError(f"{name} contains NaN or ±inf, which int8 cannot represent")
     top = float(amax.max())
     if top > FLOAT32_MAX:
         raise ValueError(f"{name} has values up to {top:.3g}, beyond float32's range ({FLOAT32_MAX:.3g}), which the "
                          f"int8 kernels compute in")
-    bound = _numba_cpu.FLOAT16_MAX_ROUNDABLE if through_float16 is True else max(_numba_cpu.FLOAT16_MAX_ROUNDABLE,
-                                                                                through_float16 or 0.0)
-    if through_float16 and top >= bound:
+    if float16_from is not None and top >= max(_numba_cpu.FLOAT16_MAX_ROUNDABLE, float16_from):
         raise ValueError(f"{name} has values up to {top:.6g}; the outlier dimensions go through float16, which "
                          f"rounds them to inf from {_numba_cpu.FLOAT16_MAX_ROUNDABLE:g} on: scale {name} down, or "
                          f"pass threshold=0 (int8 only)")
@@ -208,7 +206,7 @@ class Int8Weight:
     @classmethod
     def from_float(cls, w, keep_fp16_weights=False):
         """Quantize a float weight w (N, K) = (out_features, in_features)."""
-        _check_float("w", w, "matrix", through_float16=keep_fp16_weights)
+        _check_float("w", w, "matrix", float16_from=0.0 if keep_fp16_weights else None)
         if 0 in w.shape:
             raise ValueError(f"w must have out_features and in_features >= 1; got shape {w.shape}")
         w32 = np.ascontiguousarray(w, dtype=np.float32)
@@ -363,15 +361,15 @@ def _as_weight(w, keep_fp16_weights=False):
 def _check_gpu_call(x, w, threshold):
     """The checks both GPU tiers make: (weight or None, K, N, x's shape, threshold). ``weight`` is the
     ``Int8Weight`` when w is pre-quantized, None when w is a float matrix to quantize on the device."""
-    through_float16 = isinstance(threshold, numbers.Real) and threshold > 0
-    _check_any_float("x", x, "vectors", through_float16=_outliers_from(threshold))
+    outliers_from = _outliers_from(threshold)
+    _check_any_float("x", x, "vectors", float16_from=outliers_from)
     weight = None
     if isinstance(w, (Int8Weight, Int8Linear)):
         weight = _as_weight(w)
-        _check_outlier_weights(weight, threshold if through_float16 else 0)
+        _check_outlier_weights(weight, outliers_from or 0)
         N, K = weight.shape
     else:
-        _check_any_float("w", w, "matrix", through_float16=through_float16)
+        _check_any_float("w", w, "matrix", float16_from=None if outliers_from is None else 0.0)
         N, K = tuple(w.shape)
     x_shape = tuple(x.shape)  # (a simulator array's shape is no tuple)
     _check_k(x_shape, (N, K))
@@ -422,15 +420,15 @@ def _int8_matmul_cupy(x, w, threshold):
     return cupy.asnumpy(y) if on_host else y
 
 
-def _check_any_float(name, x, ndim, through_float16=False):
+def _check_any_float(name, x, ndim, float16_from=None):
     """``_check_float`` for NumPy arrays (and anything else), its device twin for device arrays."""
     if _gpu.is_device_array(x):
-        _check_device_float(name, x, ndim, through_float16)
+        _check_device_float(name, x, ndim, float16_from)
     else:
-        _check_float(name, x, ndim, through_float16=through_float16)
+        _check_float(name, x, ndim, float16_from=float16_from)
 
 
-def _check_device_float(name, x, ndim, through_float16):
+def _check_device_float(name, x, ndim, float16_from):
     """The checks of ``_check_float`` for a device array: dtype and shape on the host, finiteness on the device,
     and the value ranges on the vectors' absmax, (..., ) copied to the host (one value per vector)."""
     check_float_dtype(name, x)
@@ -440,7 +438,7 @@ def _check_device_float(name, x, ndim, through_float16):
         cupy = _gpu.cupy_module()
         absmax = (cupy.asnumpy(cupy.abs(cupy.asarray(x)).max(axis=-1)) if cupy is not None
                   else np.abs(_gpu.to_host_array(x)).max(axis=-1))  # (vectors,): no CuPy, the array crosses
-        _check_absmax(name, absmax, through_float16)
+        _check_absmax(name, absmax, float16_from)
 
 
 def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
@@ -497,7 +495,7 @@ def int8_matmul(x, w, *, threshold=6.0, backend="auto"):
     if backend == "numba-cuda":
         return _int8_matmul_numba_cuda(x, w, threshold)
     # x before w, as the GPU tiers check them
-    _check_float("x", x, "vectors", through_float16=_outliers_from(threshold))
+    _check_float("x", x, "vectors", float16_from=_outliers_from(threshold))
     y, _ = _int8_matmul_cpu(x, _as_weight(w), _check_threshold(threshold), x_checked=True)
     return y
 
@@ -507,13 +505,13 @@ def _check_outlier_weights(weight: Int8Weight, threshold):
     kept copy): a weight whose values reach 65520 would give inf there, and inf · 0 NaN (``from_float`` refuses
     it only for a kept copy)."""
     if threshold > 0 and weight._top >= _numba_cpu.FLOAT16_MAX_ROUNDABLE:
-        _check_absmax("w", np.float32([weight._top]), through_float16=True)
+        _check_absmax("w", np.float32([weight._top]), float16_from=0.0)
 
 
 def _int8_matmul_cpu(x, weight: Int8Weight, threshold, x_checked=False):
     """The CPU tier on NumPy x (..., K): (y (..., N) float32, the outlier dimensions of this call)."""
     if not x_checked:
-        _check_float("x", x, "vectors", through_float16=_outliers_from(threshold))
+        _check_float("x", x, "vectors", float16_from=_outliers_from(threshold))
     _check_outlier_weights(weight, threshold)
     N, K = weight.shape
     _check_k(x.shape, weight.shape)
