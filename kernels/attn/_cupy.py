@@ -124,7 +124,10 @@ def _flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16", 
     Tr = math.ceil(Nq / BR)
     if n_splits is None:
         n_splits = split_count(B * Hq * Tr, math.ceil(Nk / BC), _cupy.multiprocessor_count())
-    blockspergrid = (B * Hq, Tr, n_splits)  # batch × heads on x: its limit is 2^31 − 1, y's and z's 65535
+    # the query tile fastest, as flash-attn (the kernel's header): the blocks in flight share their heads' K and V.
+    # x holds up to 2^31 − 1 blocks (CUDA C++ Programming Guide, "Technical Specifications per Compute
+    # Capability"), more than fit in memory (a q of 2^31 tiles of BR rows is 2^37·d elements); y, the splits, 65535
+    blockspergrid = (B * Hq * Tr, n_splits)
     threadsperblock = (BR // 16 * 32,)
     log2e = 1.4426950408889634  # softmax in base 2: e^x = 2^(x · log2 e)
     null = np.uint64(0)

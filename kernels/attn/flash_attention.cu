@@ -1,8 +1,13 @@
 // FlashAttention-2 forward on tensor cores, and the standard algorithm's softmax, for CuPy's RawModule.
 //
 // flash_forward: Dao, "FlashAttention-2" (2023), Algorithm 1. One block of BR / 16 warps per (batch · query
-// head, query tile of BR rows, key split); warp w owns rows 16w .. 16w + 15 of the tile. The grid is (B·Hq, Tr,
-// n_splits): batch × heads on x, whose limit is 2^31 − 1 (y and z stop at 65535). Q is loaded once into shared
+// head, query tile of BR rows, key split); warp w owns rows 16w .. 16w + 15 of the tile. The grid is (Tr·B·Hq,
+// n_splits), the query tile fastest on x (whose limit is 2^31 − 1; y stops at 65535), as flash-attn launches its
+// forward (run_flash_fwd: grid (num_m_block, b, h)): the blocks the GPU runs at once are then the tiles of a few
+// heads, which read the same K and V tiles, so that K and V come from DRAM about once and are re-read from L2
+// (``simulator.costs.reuse``). With the heads fastest (before), the blocks in flight read every head's K and V
+// at once, more than L2 holds: ncu on an H200 counted 4.5x the model's DRAM bytes at B = 1, H = 16, N = 8192,
+// d = 128, K and V read from DRAM about 8 times (reports/gpu/2026-12-04T1824-h200). Q is loaded once into shared
 // memory and then into registers as mma.sync A fragments; K and V tiles of BC keys stream through two shared
 // stages with cp.async, so the next tile is in flight while the tensor cores work on the current one. Fragments
 // come from shared memory by ldmatrix (PTX ISA, "ldmatrix": four 8 × 8 16-bit matrices per instruction,
@@ -134,9 +139,11 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const int lane = tid % 32;
     const int g = lane / 4;    // groupID: the row (and B column) this lane's fragments start at
     const int tig = lane % 4;  // thread in group: the column pair
-    const int m0 = blockIdx.y * BR;
-    const int bh = blockIdx.x;
-    const int split = blockIdx.z, n_splits = gridDim.z;
+    const int Tr = (Nq + BR - 1) / BR;
+    const int m0 = static_cast<int>(blockIdx.x % Tr) * BR;
+    const int bh = static_cast<int>(blockIdx.x / Tr);  // b · Hq + h
+    const int n_bh = static_cast<int>(gridDim.x / Tr);  // B · Hq
+    const int split = blockIdx.y, n_splits = gridDim.y;
     const int b = bh / Hq;
     const int h = bh % Hq;
     const int hk = h / (Hq / Hkv);
@@ -303,7 +310,7 @@ flash_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restr
     const float lse_lo = l_lo > 0.0f ? (m_lo + __log2f(l_lo)) * LN2 : (l_lo == 0.0f ? neg_inf() : l_lo);
     const float lse_hi = l_hi > 0.0f ? (m_hi + __log2f(l_hi)) * LN2 : (l_hi == 0.0f ? neg_inf() : l_hi);
     if (n_splits > 1) {  // this split's normalized partial rows, float32, for flash_combine
-        const size_t part = (static_cast<size_t>(split) * gridDim.x + bh) * Nq;
+        const size_t part = (static_cast<size_t>(split) * n_bh + bh) * Nq;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt) {
             const int col = dt * 8 + 2 * tig;
