@@ -199,6 +199,35 @@ def test_the_helpers_name_what_they_refuse(rng):
             kvprune.uniform_random(q, k, v, capacity=64, seed=seed)
 
 
+@pytest.mark.parametrize("which", ["snapkv_scores", "h2o_scores"])
+def test_scores_that_would_not_fit_are_refused_before_anything_is_allocated(rng, monkeypatch, which):
+    # the scoring's copies of q and k (float16 -> float32), its scores and each thread's block of S, all counted
+    import numba
+
+    from kernels._common import memory
+
+    B, Hq, Hkv, N, d, w, block = 1, 6, 2, 200, 16, 8, 32
+    q, k, _ = _prompt(rng, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d, dtype=np.float16)
+    threads = numba.get_num_threads()
+    if which == "snapkv_scores":
+        q_in = q[:, :, N - w:]
+        scores = (2 * Hq + Hkv) * B * (N - w)  # summed and pooled per query head, their mean per kv head
+        call = lambda: kvprune.snapkv_scores(q_in, k)  # noqa: E731
+        rows = w
+    else:
+        q_in = q
+        scores = (Hq + Hkv) * B * N  # totals per query head, their mean per kv head
+        call = lambda: kvprune.h2o_scores(q_in, k, block=block)  # noqa: E731
+        rows = block
+    predicted = (q_in.size + k.size + scores + threads * rows * N) * 4
+    monkeypatch.setattr(memory, "MIN_CHECKED_BYTES", 0)
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted - 1)
+    with pytest.raises(kernels.InsufficientMemoryError, match=rf"{which} on the CPU .* needs .*\({predicted} bytes"):
+        call()
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted)
+    assert np.isfinite(call()).all()
+
+
 def test_a_kept_cache_that_would_not_fit_is_refused_before_it_is_made(rng, monkeypatch):
     # the per-query-head cache is group times the kv heads' (and was made from k and v repeated group times)
     from kernels._common import memory
