@@ -44,19 +44,43 @@ def predicted_bytes(probe: str, s: dict) -> float | None:
     return float(c.dram_bytes)
 
 
-def parse_ncu_csv(text: str) -> tuple[float, float, int]:
-    """(read bytes, written bytes, kernels) summed over the kernels of ncu's ``--csv --page raw`` output."""
+def _kernel_rows(text: str) -> list[tuple[str, float, float]]:
+    """(kernel name, read bytes, written bytes) per profiled launch of ncu's ``--csv --page raw`` output."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
-    read = write = 0.0
-    seen = 0
+    rows = []
     for r in csv.DictReader(lines):
         try:
-            read += float(str(r.get("dram__bytes_read.sum", "")).replace(",", ""))
-            write += float(str(r.get("dram__bytes_write.sum", "")).replace(",", ""))
-            seen += 1
+            read = float(str(r.get("dram__bytes_read.sum", "")).replace(",", ""))
+            write = float(str(r.get("dram__bytes_write.sum", "")).replace(",", ""))
         except ValueError:
             continue  # the units row
-    return read, write, seen
+        rows.append((str(r.get("Kernel Name", "")), read, write))
+    return rows
+
+
+def parse_ncu_csv(text: str) -> tuple[float, float, int]:
+    """(read bytes, written bytes, kernels) summed over the kernels of ncu's ``--csv --page raw`` output."""
+    rows = _kernel_rows(text)
+    return sum(r for _, r, _ in rows), sum(w for _, _, w in rows), len(rows)
+
+
+NAME_CHARS = 48  # of a kernel's name in the per-kernel note (cuBLAS's run to 60 and more)
+
+
+def by_kernel(text: str, top: int = 6) -> str:
+    """The DRAM bytes per kernel name (launches of one name summed), largest first, as "name ×launches read/write
+    MB" for the ``top`` largest: where a probe's bytes go, to set beside the cost model's kernels."""
+    totals: dict[str, list] = {}
+    for name, read, write in _kernel_rows(text):
+        entry = totals.setdefault(name[:NAME_CHARS], [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += read
+        entry[2] += write
+    ranked = sorted(totals.items(), key=lambda item: -(item[1][1] + item[1][2]))
+    parts = [f"{name} ×{n} {read / 1e6:.1f}/{write / 1e6:.1f} MB" for name, (n, read, write) in ranked[:top]]
+    if len(ranked) > top:
+        parts.append(f"{len(ranked) - top} more")
+    return "by kernel (read/written): " + "; ".join(parts) if parts else ""
 
 
 def _probe(probe: str) -> Case:
@@ -84,7 +108,7 @@ def _probe(probe: str) -> Case:
         row.update(ncu_read_bytes=f"{read:.6g}", ncu_write_bytes=f"{write:.6g}", kernels_profiled=seen)
         if pred:
             row["predicted_over_measured"] = f"{pred / (read + write):.3f}"
-        return {**row, "status": "ok"}
+        return {**row, "status": "ok", "note": by_kernel(result.stdout)}
 
     return Case(name=f"ncu {probe}", size=" ".join(f"{k}={v}" for k, v in s.items()), run=run,
                 estimate_s=NCU_RUN_S, limit_s=TOOL_LIMIT_S + 30, columns={"probe": probe})

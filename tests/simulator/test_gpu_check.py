@@ -160,6 +160,17 @@ def test_the_ncu_parser_sums_the_kernels_and_skips_the_units_row():
     assert ncu.parse_ncu_csv("==ERROR== LibraryNotLoaded") == (0.0, 0.0, 0)
 
 
+def test_the_ncu_note_gives_each_kernel_name_its_launches_and_bytes_largest_first():
+    rows = [("softmax_rows", 2.1e9, 2.0e9), ("nvjet_hsh_128x256", 1.0e9, 2.2e9), ("softmax_rows", 0.1e9, 0.2e9),
+            ("vectorized_elementwise_kernel", 4e6, 0.0)]
+    text = ('"ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n"","","byte","byte"\n'
+            + "".join(f'"{i}","{name}","{read:.0f}","{write:.0f}"\n' for i, (name, read, write) in enumerate(rows)))
+    assert ncu.by_kernel(text) == ("by kernel (read/written): softmax_rows ×2 2200.0/2200.0 MB; "
+                                   "nvjet_hsh_128x256 ×1 1000.0/2200.0 MB; vectorized_elementwise_kernel ×1 4.0/0.0 MB")
+    assert ncu.by_kernel(text, top=1).endswith("softmax_rows ×2 2200.0/2200.0 MB; 2 more")
+    assert ncu.by_kernel("==ERROR== LibraryNotLoaded") == ""
+
+
 @pytest.mark.parametrize("name", ["nvjet_hsh_256x128_64x4_1x2_h_bz_coopB_NNT", "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n",
                                   "ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_32x5_nn",
                                   "_ZN7ioaware13flash_forwardI6__halfLi128ELi64ELi64EEEvPKT_"])
