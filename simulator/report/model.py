@@ -38,6 +38,7 @@ def model_section(ctx: RunContext) -> Section:
     variants = _variants(ctx.quick)
     rows, outliers, speed = [], None, []
     rates = fresh_rates(ctx)
+    rates_when = "at the run's start" if ctx.quick else "just before it"
     for label, options in variants:
         ctx.step(f"SmolLM2 {label}")
         model = SmolLM2(path, **options)
@@ -79,10 +80,11 @@ def model_section(ctx: RunContext) -> Section:
             f"products) against {other} in all other linears together, so that is where the float16 path "
             f"works.\n\n![outlier dimensions per layer](smollm2_outliers.png)\n\n"
             f"Decode (one token at a time, {DECODE_TOKENS} tokens): {speed_text}; the bound is the weight bytes read "
-            f"per token over this machine's all-core read bandwidth: the best of the read measured with this "
-            f"section's rates and {BESIDE_READS} passes of a plain all-core read over a DRAM-sized buffer right after "
-            f"each decode ({_read_range(speed)} GB/s; a shared host's memory moves within seconds). A small model can "
-            f"beat it where the host's last-level cache keeps part of its weights from one token to the next. "
+            f"per token over this machine's all-core read bandwidth, the best it showed around each decode "
+            f"({_read_range(speed)} GB/s; a shared host's memory moves within seconds): the read among the rates this "
+            f"section uses (measured {rates_when}), {BESIDE_READS} timed passes of a plain all-core read over a "
+            f"DRAM-sized buffer right after the decode, and the rate at which the step's row kernels streamed a "
+            f"working set of the model's weights (below). "
             f"The tied LM head stays float32 unless quantized too; the int8 rows keep int8 weights only (the float16 "
             f"copy of the outlier rows runs one call per linear, not timed here). Each of these models decodes a "
             f"token in one parallel region (`kernels.decode.LlamaDecodeStep`): *predicted* times every weight's "
@@ -193,19 +195,23 @@ def _decode_speed(model, label, rates, buffer):
     """Decode tokens/s (DECODE_TOKENS after a warm-up) beside the bound, weight bytes per token over the all-core
     read rate (the block linears in their precision, the tied LM head float32 unless quantized), and the predicted
     time per token (``predicted_seconds_per_token`` at the decode's mean context, its streaming rates at the model's
-    working set: ``rates_for``). The read rate is the best of the section's (``fresh_rates``) and BESIDE_READS passes
-    right after the decode: in the full report at 1357ec1 (2-vCPU AMD EPYC, Zen 3, KVM) the section's read alone,
-    three passes, found 13.8 GB/s in a slow moment of the host, and fp32 decoded at 49.5 tokens/s against a "bound"
-    of 25.6 (its step's rows streamed at 26.9 GB/s a moment later)."""
+    working set: ``rates_for``). The read rate is the best of the section's (``fresh_rates``), BESIDE_READS timed
+    passes right after the decode and the step's own streaming rates at the model's working set: in the full report
+    at 1357ec1 (2-vCPU AMD EPYC, Zen 3, KVM) the section's read alone, three passes, found 13.8 GB/s in a slow moment
+    of the host, and fp32 decoded at 49.5 tokens/s against a "bound" of 25.6 (its step's rows streamed at 26.9 GB/s a
+    moment later); at a201d62, with the read after the decode (24.2 GB/s) but not the step's rate (26.0), at 45.5
+    against 45."""
     prompt = model.encode(PROMPT)
     model.generate(prompt, 2)
     timings = {}
     out = model.generate(prompt, DECODE_TOKENS, timings=timings)
     beside = read_bandwidth_of(buffer, repeats=BESIDE_READS)  # right after the decode, as the stall benchmark does
-    read_bw = max(rates.read_all, beside)
     weight_bytes = model.weight_bytes_per_token()
     measured = timings["decode_s"] / len(out)
     at_working_set = rates_for(model, rates, buffer)
+    # the best all-core read of DRAM-sized data seen around this decode: a slower sample is the host's moment, not
+    # the machine's bandwidth (the step's rows streaming a working set of the model's size are such a read too)
+    read_bw = max(rates.read_all, beside, at_working_set.step_fp32_dram, at_working_set.step_int8_dram)
     parts = decode_token_parts(model, at_working_set, len(prompt) + (len(out) - 1) // 2)
     predicted = sum(parts.values())
     return {"variant": label, "decode_tokens_per_s": f"{len(out) / timings['decode_s']:.3g}",
