@@ -128,16 +128,17 @@ def _check_scores(scores, dtype):
     return scores
 
 
-def _ensure_scoring_fits(name, inputs, dtype, n_scores, rows, N):
-    """Refuse a CPU scoring call (``snapkv_scores``, ``h2o_scores``) before it allocates anything when its copies of
-    the inputs (those not C-contiguous in the compute ``dtype``), its ``n_scores`` scores (the sums, the pooled
-    or averaged ones) and each thread's block of S, ``rows`` × N, would not fit the machine's memory."""
+def _ensure_scoring_fits(name, inputs, dtype, held, later, tasks, rows, N):
+    """Refuse a CPU scoring call (``snapkv_scores``, ``h2o_scores``) before its copies and scores are made when its
+    peak would not fit the machine's memory: the copies of the inputs (those not C-contiguous in the compute
+    ``dtype``) and the ``held`` scores throughout, and on top of them either each running task's block of S, ``rows``
+    × N (one task per thread at a time, ``tasks`` in all), or afterwards the ``later`` scores (pooled, averaged)."""
     dt = np.dtype(dtype)
     copies = sum(x.size for x in inputs if x.dtype != dt or not x.flags.c_contiguous)
-    threads = numba.get_num_threads()
-    ensure_fits((copies + n_scores + threads * rows * N) * dt.itemsize,
-                f"{name} on the CPU (its inputs in {dt.name}, C-contiguous; {n_scores} scores; the ({rows}, {N}) "
-                f"scores S of each of {threads} threads)")
+    running = min(numba.get_num_threads(), tasks)
+    ensure_fits((copies + held + max(running * rows * N, later)) * dt.itemsize,
+                f"{name} on the CPU (its inputs in {dt.name}, C-contiguous; {held} scores, then {running} blocks of "
+                f"scores S of ({rows}, {N}) at once or {later} more scores)")
 
 
 def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", backend="auto"):
@@ -185,8 +186,8 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
         on_host = isinstance(q_window, np.ndarray)
         qw, kk = _device_inputs(on_host, dt, q_window, k)
         return _gpu.like_input(_numba_cuda.snapkv_scores(qw, kk, kernel_size, pooling, gqa), on_host)
-    n_scores = (2 * Hq + (Hkv if gqa == "mean" else 0)) * B * (N - w)  # summed, pooled; their mean over a group
-    _ensure_scoring_fits("snapkv_scores", (q_window, k), dt, n_scores, w, N)
+    later = (Hq + (Hkv if gqa == "mean" else 0)) * B * (N - w)  # pooled; its mean over a group
+    _ensure_scoring_fits("snapkv_scores", (q_window, k), dt, B * Hq * (N - w), later, B * Hq, w, N)
     qw = np.ascontiguousarray(q_window, dtype=dt)
     kk = np.ascontiguousarray(k, dtype=dt)
     summed = np.empty((B, Hq, N - w), dtype=dt)
@@ -398,7 +399,7 @@ def _accumulated_scores(q, k, block):
     B, Hq, N, d = q.shape
     block = min(block, max(N, 1))  # a block of more rows than the prompt has is the whole prompt
     dt = _compute_dtype(q)
-    _ensure_scoring_fits("h2o_scores", (q, k), dt, B * (Hq + k.shape[1]) * N, block, N)  # totals; their mean
+    _ensure_scoring_fits("h2o_scores", (q, k), dt, B * Hq * N, B * k.shape[1] * N, B * Hq, block, N)  # totals; mean
     totals = np.empty((B, Hq, N), dtype=dt)
     with single_threaded_blas():
         _numba_cpu.accumulated_attention(np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt),

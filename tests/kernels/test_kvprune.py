@@ -199,27 +199,34 @@ def test_the_helpers_name_what_they_refuse(rng):
             kvprune.uniform_random(q, k, v, capacity=64, seed=seed)
 
 
-@pytest.mark.parametrize("which", ["snapkv_scores", "h2o_scores"])
-def test_scores_that_would_not_fit_are_refused_before_anything_is_allocated(rng, monkeypatch, which):
-    # the scoring's copies of q and k (float16 -> float32), its scores and each thread's block of S, all counted
+# (function, input dtype, gqa, input elements copied to the compute dtype, scores held throughout, scores made after
+# the kernel, rows of each task's block of S) at B = 2, Hq = 6, Hkv = 2, N = 200, d = 16, window 8, H2O block 32
+SCORING_CASES = [
+    ("snapkv_scores", np.float16, "mean", 2 * 6 * 8 * 16 + 2 * 2 * 200 * 16, 2 * 6 * 192, 2 * 6 * 192 + 2 * 2 * 192, 8),
+    ("snapkv_scores", np.float32, "per-query-head", 0, 2 * 6 * 192, 2 * 6 * 192, 8),
+    ("h2o_scores", np.float16, "mean", 2 * 6 * 200 * 16 + 2 * 2 * 200 * 16, 2 * 6 * 200, 2 * 2 * 200, 32),
+    ("h2o_scores", np.float32, "mean", 0, 2 * 6 * 200, 2 * 2 * 200, 32),
+]
+
+
+@pytest.mark.parametrize("which, dtype, gqa, copied, held, later, rows", SCORING_CASES)
+def test_scores_that_would_not_fit_are_refused_before_the_scoring_allocates(rng, monkeypatch, which, dtype, gqa,
+                                                                            copied, held, later, rows):
+    # the float32 copies of float16 q and k (none of C-contiguous float32 ones), the scores and, at the kernel's peak,
+    # each running task's block of S or else the pooled/averaged scores made after it
     import numba
 
     from kernels._common import memory
 
-    B, Hq, Hkv, N, d, w, block = 1, 6, 2, 200, 16, 8, 32
-    q, k, _ = _prompt(rng, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d, dtype=np.float16)
-    threads = numba.get_num_threads()
+    B, Hq, Hkv, N, d, w = 2, 6, 2, 200, 16, 8
+    q, k, _ = _prompt(rng, B=B, Hq=Hq, Hkv=Hkv, N=N, d=d, dtype=dtype)
     if which == "snapkv_scores":
-        q_in = q[:, :, N - w:]
-        scores = (2 * Hq + Hkv) * B * (N - w)  # summed and pooled per query head, their mean per kv head
-        call = lambda: kvprune.snapkv_scores(q_in, k)  # noqa: E731
-        rows = w
+        q_in = np.ascontiguousarray(q[:, :, N - w:])
+        call = lambda: kvprune.snapkv_scores(q_in, k, gqa=gqa)  # noqa: E731
     else:
-        q_in = q
-        scores = (Hq + Hkv) * B * N  # totals per query head, their mean per kv head
-        call = lambda: kvprune.h2o_scores(q_in, k, block=block)  # noqa: E731
-        rows = block
-    predicted = (q_in.size + k.size + scores + threads * rows * N) * 4
+        call = lambda: kvprune.h2o_scores(q, k, block=rows)  # noqa: E731
+    running = min(numba.get_num_threads(), B * Hq)  # tasks run one per thread at a time
+    predicted = (copied + held + max(running * rows * N, later)) * 4
     monkeypatch.setattr(memory, "MIN_CHECKED_BYTES", 0)
     monkeypatch.setattr(memory, "available_bytes", lambda: predicted - 1)
     with pytest.raises(kernels.InsufficientMemoryError, match=rf"{which} on the CPU .* needs .*\({predicted} bytes"):
