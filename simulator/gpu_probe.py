@@ -98,7 +98,7 @@ def run(case: str, small: bool = False, seed: int = 0) -> None:
         w = rng.standard_normal((s["N"], s["K"])).astype(np.float32)  # (N, K): (out, in)
         int8.int8_matmul(cupy.asarray(x), int8.Int8Weight.from_float(w), backend="cupy")
         if small:  # the float16 copy's outlier path too, for the sanitizers; at full size ncu counts the one call
-            # the cost model predicts (``costs.int8_split``: the weights in int8 only; both calls read 2.04x that)
+            # the cost model predicts (``costs.int8_split``: the weights in int8 only; both calls moved 2.04x that)
             int8.int8_matmul(cupy.asarray(x), int8.Int8Weight.from_float(w, keep_fp16_weights=True),
                              backend="cupy")
     elif case == "snapkv":

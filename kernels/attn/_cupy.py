@@ -2,9 +2,9 @@
 
 - ``flash_forward``: FlashAttention-2's forward with mma.sync m16n8k16 (float16 or bfloat16 in, float32
   accumulation), ldmatrix fragment loads and cp.async double buffering of the K/V tiles; head dims 64 and 128
-  (other head dims go to the Numba-CUDA tier, ``kernels/attn/_numba_cuda.py``), causal, GQA, any N, any B·Hq up to
-  2^31 − 1. With too few query tiles to fill the device (decode), the keys are split (Flash-Decoding) and
-  ``flash_combine`` merges the splits.
+  (other head dims go to the Numba-CUDA tier, ``kernels/attn/_numba_cuda.py``), causal, GQA, any N and B·Hq (up to
+  2^31 − 1 query tiles in all). With too few query tiles to fill the device (decode), the keys are split
+  (Flash-Decoding) and ``flash_combine`` merges the splits.
 - ``standard_forward``: the baseline the speedups are measured against — S = Q Kᵀ by CuPy's matmul (cuBLAS),
   the softmax kernel of ``flash_attention.cu`` over S in global memory, O = P V by CuPy's matmul.
 
@@ -126,7 +126,8 @@ def _flash_forward(q, k, v, scale: float, causal: bool, dtype: str = "float16", 
         n_splits = split_count(B * Hq * Tr, math.ceil(Nk / BC), _cupy.multiprocessor_count())
     # the query tile fastest, as flash-attn (the kernel's header): the blocks in flight share their heads' K and V.
     # x holds up to 2^31 − 1 blocks (CUDA C++ Programming Guide, "Technical Specifications per Compute
-    # Capability"), more than fit in memory (a q of 2^31 tiles of BR rows is 2^37·d elements); y, the splits, 65535
+    # Capability"), more than fit in memory (each tile has a row of q at least: 2^31 rows of d >= 64 float16 values
+    # are 256 GiB); y, the splits, 65535 (split_count gives at most MAX_SPLITS)
     blockspergrid = (B * Hq * Tr, n_splits)
     threadsperblock = (BR // 16 * 32,)
     log2e = 1.4426950408889634  # softmax in base 2: e^x = 2^(x · log2 e)

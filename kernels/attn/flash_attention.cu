@@ -7,10 +7,11 @@
 // heads, which read the same K and V tiles, so that K and V come from DRAM about once and are re-read from L2
 // (``simulator.costs.reuse``). With the heads fastest (before), the blocks in flight read every head's K and V
 // at once, more than L2 holds: ncu on an H200 counted 4.5x the model's DRAM bytes at B = 1, H = 16, N = 8192,
-// d = 128, K and V read from DRAM about 8 times (reports/gpu/2026-12-04T1824-h200). Q is loaded once into shared
-// memory and then into registers as mma.sync A fragments; K and V tiles of BC keys stream through two shared
-// stages with cp.async, so the next tile is in flight while the tensor cores work on the current one. Fragments
-// come from shared memory by ldmatrix (PTX ISA, "ldmatrix": four 8 × 8 16-bit matrices per instruction,
+// d = 128, its reads beyond Q about 8 times K and V (reports/gpu/2026-12-04T1824-h200; the total only, not counted
+// per tensor). flash-attn's grid is (tile, b, h), this one (tile, h, b): the same at B = 1. Q is loaded once into
+// shared memory and then into registers as mma.sync A fragments; K and V tiles of BC keys stream through two
+// shared stages with cp.async, so the next tile is in flight while the tensor cores work on the current one.
+// Fragments come from shared memory by ldmatrix (PTX ISA, "ldmatrix": four 8 × 8 16-bit matrices per instruction,
 // each lane holding one 32-bit word of each): Q and K as stored, V with .trans, since the B operand of P V pairs
 // two keys of one column in a register.
 // S = Q Kᵀ and O += P V are mma.sync.m16n8k16 (float16 or bfloat16 in, float32 accumulate, PTX ISA §9.7.14),

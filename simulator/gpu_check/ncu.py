@@ -67,17 +67,22 @@ def parse_ncu_csv(text: str) -> tuple[float, float, int]:
 NAME_CHARS = 48  # of a kernel's name in the per-kernel note (cuBLAS's run to 60 and more)
 
 
+def _short(name: str) -> str:
+    """A kernel's name cut to NAME_CHARS, its end kept (where cuBLAS's names say the tile shape and layout)."""
+    return name if len(name) <= NAME_CHARS else name[:NAME_CHARS // 2 - 1] + "…" + name[-(NAME_CHARS // 2):]
+
+
 def by_kernel(text: str, top: int = 6) -> str:
     """The DRAM bytes per kernel name (launches of one name summed), largest first, as "name ×launches read/write
     MB" for the ``top`` largest: where a probe's bytes go, to set beside the cost model's kernels."""
     totals: dict[str, list] = {}
-    for name, read, write in _kernel_rows(text):
-        entry = totals.setdefault(name[:NAME_CHARS], [0, 0.0, 0.0])
+    for name, read, write in _kernel_rows(text):  # by the whole name: cuBLAS's differ late in theirs
+        entry = totals.setdefault(name, [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += read
         entry[2] += write
     ranked = sorted(totals.items(), key=lambda item: -(item[1][1] + item[1][2]))
-    parts = [f"{name} ×{n} {read / 1e6:.1f}/{write / 1e6:.1f} MB" for name, (n, read, write) in ranked[:top]]
+    parts = [f"{_short(name)} ×{n} {read / 1e6:.1f}/{write / 1e6:.1f} MB" for name, (n, read, write) in ranked[:top]]
     if len(ranked) > top:
         parts.append(f"{len(ranked) - top} more")
     return "by kernel (read/written): " + "; ".join(parts) if parts else ""
