@@ -68,7 +68,7 @@ NAME_CHARS = 48  # of a kernel's name in the per-kernel note (cuBLAS's run to 60
 
 
 def _short(name: str) -> str:
-    """A kernel's name cut to NAME_CHARS, its end kept (where cuBLAS's names say the tile shape and layout)."""
+    """A kernel's name cut to NAME_CHARS in its middle, its start and end kept (the family; cuBLAS's layout)."""
     return name if len(name) <= NAME_CHARS else name[:NAME_CHARS // 2 - 1] + "…" + name[-(NAME_CHARS // 2):]
 
 
