@@ -215,6 +215,8 @@ def cases(quick: bool) -> list[Case]:
         _attention("cupy", "flash", "float16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=1),  # unsplit
         _attention("cupy", "flash", "bfloat16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=1),
         _attention("cupy", "flash", "float16", 1, 8, 2, n // 2 + 1, n // 2 + 1, 128, True, n_splits=5),  # 5 splits
+        # batches, several query tiles (the last one partial) and splits at once: grid.x is tile + Tr·(b·Hq + h)
+        _attention("cupy", "flash", "float16", 3, 6, 3, n // 4 + 1, n // 4 + 1, 64, True, n_splits=3),
         _attention("cupy", "standard", "float16", 1, 4, 2, n // 2, n // 2, 64, True),
         *[_nan_contract(where, "flash", splits) for where in ("q", "k", "v") for splits in (1, 3)],
         *[_nan_contract(where, "standard") for where in ("q", "k", "v")],
