@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -78,21 +79,41 @@ def _unwritable_parent(out: Path) -> str | None:
     return None
 
 
+class _Stop:
+    """The stop signal a run received, if any (``_stopped_cleanly_by``)."""
+
+    def __init__(self):
+        self.signum = None
+
+    def check(self) -> None:
+        """Raise the SystemExit of a signal received so far (again, where it was swallowed)."""
+        if self.signum is not None:
+            raise SystemExit(128 + self.signum)
+
+
 @contextlib.contextmanager
 def _stopped_cleanly_by(*names):
     """Within the block, the signals ``names`` (SIGTERM, SIGHUP where the platform has them) raise SystemExit, so
     that a run stopped from outside cleans up as an interrupted one does (build_report removes its half-written
-    directory on any exception); the previous handlers come back afterwards."""
-    def stop(signum, frame):
+    directory on any exception); the previous handlers come back afterwards. Python runs a handler in the main
+    thread wherever that thread is, and an exception raised inside a callback from C or a finalizer is printed as
+    "ignored" and dropped: a report sent SIGHUP while it compiled ran on to the end and exited 0 (CI at 3a292d8),
+    and 3 of 12 SIGHUPs sent to a process compiling Numba functions were dropped in llvmlite's
+    ``ExecutionEngine._raw_object_cache_notify``, a ctypes callback for every module compiled. So the block gets the
+    signal too (a ``_Stop``), for the caller to ``check`` at its next step."""
+    stop = _Stop()
+
+    def handler(signum, frame):
+        stop.signum = signum
         raise SystemExit(128 + signum)
 
     signals = [getattr(signal, name) for name in names if hasattr(signal, name)]
-    previous = [signal.signal(sig, stop) for sig in signals]
+    previous = [signal.signal(sig, handler) for sig in signals]
     try:
-        yield
+        yield stop
     finally:
-        for sig, handler in zip(signals, previous):
-            signal.signal(sig, handler)
+        for sig, old in zip(signals, previous):
+            signal.signal(sig, old)
 
 
 def _report(args) -> int:
@@ -110,11 +131,12 @@ def _report(args) -> int:
         return 2
     out = Path(out)
     total = 2 + planned_steps(SECTIONS, args.quick)  # the spec, the compiles, the sections' steps (tqdm: an ETA)
-    with _stopped_cleanly_by("SIGTERM", "SIGHUP"), tqdm(desc="report", unit="step", total=total,
-                                                        file=sys.stderr, disable=args.no_progress) as bar:
+    with _stopped_cleanly_by("SIGTERM", "SIGHUP") as stop, tqdm(desc="report", unit="step", total=total,
+                                                                file=sys.stderr, disable=args.no_progress) as bar:
         started = []
 
         def progress(description):  # called as a step starts: the bar counts the steps finished before it
+            stop.check()  # a stop signal whose SystemExit was swallowed where it landed
             if started:
                 bar.update(1)
             started.append(description)
@@ -124,6 +146,9 @@ def _report(args) -> int:
         cpu = cpu_spec(force=args.recalibrate)
         path = build_report(out, quick=args.quick, seed=args.seed, hardware=args.hardware, cpu=cpu,
                             progress=progress, precompile=True)
+        if stop.signum is not None:  # swallowed after the last step: the run still leaves nothing
+            shutil.rmtree(path, ignore_errors=True)
+            stop.check()
         bar.update(bar.total - bar.n)  # the last step (and any a skipped section did not take)
     print(f"report written to {path / 'index.md'} and {path / 'index.html'}")
     return 0

@@ -243,6 +243,42 @@ def test_a_report_stopped_by_a_signal_leaves_nothing(tmp_path, signame):
     assert list((tmp_path / "runs").iterdir()) == []
 
 
+@pytest.mark.parametrize("where", ["before a step", "after the last step"])
+def test_a_stop_signal_dropped_where_it_landed_still_stops_the_report(tmp_path, monkeypatch, cpu_spec, where):
+    # the SystemExit a handler raises inside a ctypes callback (llvmlite's object-cache hook, as Numba compiles) is
+    # printed as "ignored" and dropped: the report must stop at its next step, or after its last, and leave nothing
+    import signal
+
+    import simulator.calibrate
+    import simulator.report
+
+    out = tmp_path / "runs" / "r"
+
+    def dropped():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except SystemExit:
+            pass  # what the ctypes callback does with it
+
+    def build_report(path, *, progress, **options):
+        path.mkdir(parents=True)
+        dropped()
+        if where == "before a step":
+            progress("the next step")
+            raise AssertionError("the report went on past its next step")
+        return path
+
+    monkeypatch.setattr(simulator.calibrate, "cpu_spec", lambda force=False: cpu_spec)
+    monkeypatch.setattr(simulator.report, "build_report", build_report)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        main(["report", "--quick", "--no-progress", "--out", str(out)])
+    assert stop.value.code == 128 + signal.SIGTERM
+    if where == "after the last step":
+        assert not out.exists()
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+
+
 def test_cli_costs_and_hardware(capsys, cpu_spec):
     assert main(["costs", "attention", "--n", "4096", "--d", "64", "--heads", "16", "--hardware", "H100-SXM"]) == 0
     out = capsys.readouterr().out
