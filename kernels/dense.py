@@ -36,7 +36,7 @@ from ._common.blas import batched_matmul
 from ._common.numba_cpu import FASTMATH
 from ._common.zmm import AVAILABLE as ZMM_AVAILABLE, LANES, ffma, fload, fload_first, fsum, fzero
 from ._common.dtypes import check_float_dtype
-from ._common.memory import ensure_fits
+from ._common.memory import copy_bytes, ensure_fits
 from ._common.threads import serial_if_small
 
 GEMV_ROWS = 16  # rows of x up to which the Numba GEMV is used
@@ -90,7 +90,7 @@ def matmul_nt(x, w):
     if x.shape[1] != w.shape[1] or x.shape[1] == 0:
         raise ValueError(f"x (M, K) and w (N, K) must share a K >= 1; got x {x.shape}, w {w.shape}")
     M, N = x.shape[0], w.shape[0]
-    copies = sum(a.size * 4 for a in (x, w) if a.dtype != np.float32 or not a.flags.c_contiguous)
+    copies = copy_bytes((x, w), np.float32)
     ensure_fits(4 * M * N + copies, f"matmul_nt's ({M}, {N}) float32 result and float32 copies of x, w")
     w = np.ascontiguousarray(w, dtype=np.float32)
     if x.shape[0] > GEMV_ROWS:

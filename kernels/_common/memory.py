@@ -22,6 +22,13 @@ def available_bytes() -> int:
 MIN_CHECKED_BYTES = 16 * 2**20
 
 
+def copy_bytes(arrays, dtype) -> int:
+    """Bytes of the copies ``np.ascontiguousarray(a, dtype)`` makes of ``arrays``: of each one not already
+    C-contiguous in ``dtype``."""
+    dtype = np.dtype(dtype)
+    return sum(a.size * dtype.itemsize for a in arrays if a.dtype != dtype or not a.flags.c_contiguous)
+
+
 def ensure_fits(predicted_bytes: int, what: str, remedy: str = "") -> None:
     """Raise ``InsufficientMemoryError`` naming ``what``, both sizes and the ``remedy`` if ``predicted_bytes`` will
     not fit."""

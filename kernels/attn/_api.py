@@ -11,7 +11,7 @@ from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
 from .._common.threads import SERIAL_MULTIPLY_ADDS, serial_if_small
 from ._blocks import default_blocks
-from .._common.memory import ensure_fits
+from .._common.memory import copy_bytes, ensure_fits
 from ._standard import standard_bytes, standard_forward
 from ._validate import COMPUTE_DTYPE, as_compute_4d, check_block, validate
 
@@ -125,7 +125,7 @@ def _ensure_copies_fit(q, k, v, algorithm, causal, block_q, block_k):
     the output) would not fit: the copies came first, unchecked, and a broadcast view of 64 GiB ended in NumPy's
     MemoryError."""
     compute = np.dtype(COMPUTE_DTYPE[q.dtype])
-    copies = sum(x.size * compute.itemsize for x in (q, k, v) if x.dtype != compute or not x.flags.c_contiguous)
+    copies = copy_bytes((q, k, v), compute)
     if not copies:
         return
     q4 = (1,) * (4 - q.ndim) + tuple(q.shape)  # (B, Hq, Nq, d)

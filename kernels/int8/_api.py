@@ -12,7 +12,7 @@ import numpy as np
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
-from .._common.memory import ensure_fits
+from .._common.memory import copy_bytes, ensure_fits
 from .._common.threads import serial_if_small
 from . import _avx2, _numba_cpu, _vnni, rows
 from ._numba_cpu import MAX_EXACT_K, QMAX, SMALL_M
@@ -238,7 +238,7 @@ def int8_gemm(x_i8, w_i8):
     if K > MAX_EXACT_K:
         raise ValueError(f"K = {K} int8 products can overflow an int32 sum; at most {MAX_EXACT_K} are exact")
     N = w_i8.shape[0]
-    copies = sum(a.size for a in (x_i8, w_i8) if not a.flags.c_contiguous)  # (int8: a byte an element)
+    copies = copy_bytes((x_i8, w_i8), np.int8)
     ensure_fits(4 * M * N + copies + M * K + 4 * N, f"int8_gemm's ({M}, {N}) int32 result (with its operands' "
                 f"offset or contiguous copies and row sums)")
     w_i8 = np.ascontiguousarray(w_i8)

@@ -11,7 +11,7 @@ import numpy as np
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype
-from .._common.memory import ensure_fits
+from .._common.memory import copy_bytes, ensure_fits
 from .._common.blas import single_threaded_blas
 from . import _numba_cpu
 
@@ -134,9 +134,8 @@ def _ensure_scoring_fits(name, inputs, dtype, held, later, tasks, rows, N):
     ``dtype``) and the ``held`` scores throughout, and on top of them either each running task's block of S, ``rows``
     × N (one task per thread at a time, ``tasks`` in all), or afterwards the ``later`` scores (pooled, averaged)."""
     dt = np.dtype(dtype)
-    copies = sum(x.size for x in inputs if x.dtype != dt or not x.flags.c_contiguous)
     running = min(numba.get_num_threads(), tasks)
-    ensure_fits((copies + held + max(running * rows * N, later)) * dt.itemsize,
+    ensure_fits(copy_bytes(inputs, dt) + (held + max(running * rows * N, later)) * dt.itemsize,
                 f"{name} on the CPU (its inputs in {dt.name}, C-contiguous; {held} scores, then {running} blocks of "
                 f"scores S of ({rows}, {N}) at once or {later} more scores)")
 
