@@ -408,7 +408,8 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     y32, y8 = np.empty(w32.shape[0], np.float32), np.empty(w8.shape[0], np.float32)
     flags, cols, x_o, x_u8, absmax_x = (np.empty(K, np.bool_), np.empty(K, np.int64), np.empty((1, K), np.float32),
                                         np.empty((1, padded_k(K)), np.uint8), np.empty(1, np.float32))
-    prepare(x[None], 0.0, flags, cols, x_o, x_u8, absmax_x)  # threshold 0: no outlier feature
+    # threshold 0: no outlier feature (a float32, as the library passes it: a float would compile ``prepare`` again)
+    prepare(x[None], np.float32(0.0), flags, cols, x_o, x_u8, absmax_x)
     absmax_w, row_sums = np.ones(w8.shape[0], np.float32), np.zeros(w8.shape[0], np.int32)
     path = path_marker()
 
@@ -424,7 +425,7 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
         return rates
     x_outliers = np.ones((1, K), dtype=np.float32)
     x_outliers[0, ::max(1, K // OUTLIER_FEATURES)] = 40.0  # OUTLIER_FEATURES evenly spread outlier features
-    J = prepare(x_outliers, 6.0, flags, cols, x_o, x_u8, absmax_x)
+    J = prepare(x_outliers, np.float32(6.0), flags, cols, x_o, x_u8, absmax_x)
     resident, times = w8[:max(PANEL_ROWS, cache_sizes().get("L2", 2**20) // 2 // Kw // PANEL_ROWS * PANEL_ROWS)], 20
 
     def again(J):

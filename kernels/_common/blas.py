@@ -92,10 +92,12 @@ def _batched_nt(a, b, out, n_blocks, by_columns, counters):
     n_workers = counters.size // COUNTER_STRIDE
     n_tasks = a.shape[0] * n_blocks
     for worker in prange(n_workers):
-        task = claim(counters, 0, worker, n_workers, n_tasks)
+        # (int64 arguments, as the decode step passes them: a bare 0 is typed Literal[int](0), and the loop's index
+        # uint64 in the function Numba makes of its body; each other type compiles ``claim`` and ``_block`` again)
+        task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
         while task >= 0:
             if by_columns:
-                g, c0, c1 = _block(task, N, n_blocks, COLUMN_ALIGN)
+                g, c0, c1 = _block(task, N, n_blocks, np.int64(COLUMN_ALIGN))
                 if c1 - c0 == N:  # the whole matrix: straight into out
                     np.dot(a[g], b[g].T, out[g])
                 elif c0 < c1:
@@ -103,10 +105,10 @@ def _batched_nt(a, b, out, n_blocks, by_columns, counters):
                     np.dot(a[g], b[g, c0:c1].T, part)
                     out[g, :, c0:c1] = part
             else:
-                g, r0, r1 = _block(task, M, n_blocks, 1)
+                g, r0, r1 = _block(task, M, n_blocks, np.int64(1))
                 if r0 < r1:
                     np.dot(a[g, r0:r1], b[g].T, out[g, r0:r1])
-            task = claim(counters, 0, worker, n_workers, n_tasks)
+            task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
 
 
 @njit(parallel=True, cache=True)
@@ -116,12 +118,12 @@ def _batched_nn(a, b, out, n_blocks, counters):
     n_workers = counters.size // COUNTER_STRIDE
     n_tasks = a.shape[0] * n_blocks
     for worker in prange(n_workers):
-        task = claim(counters, 0, worker, n_workers, n_tasks)
+        task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
         while task >= 0:
-            g, r0, r1 = _block(task, a.shape[1], n_blocks, 1)
+            g, r0, r1 = _block(task, a.shape[1], n_blocks, np.int64(1))
             if r0 < r1:
                 np.dot(a[g, r0:r1], b[g], out[g, r0:r1])
-            task = claim(counters, 0, worker, n_workers, n_tasks)
+            task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
 
 
 def batched_matmul(a, b, *, transpose_b=False, out=None):

@@ -133,6 +133,10 @@ AHEAD_BYTES = 256 * 1024  # the most a waiting thread asks for of its next linea
 
 
 # -- the tasks ----------------------------------------------------------------------------------------------------
+# A constant argument of a compiled callee is written np.int64(0), not 0: Numba types a bare 0 as Literal[int](0)
+# and compiles the callee once more for it beside the int64 of its other calls (``_linear_rows`` and ``_combine``
+# were each compiled twice; by Numba's compile events, 2-vCPU AMD EPYC, Zen 3, empty cache: the decode step's
+# compile 40.7 -> 35.2 s, ``_worker``'s part of it 23.0 -> 17.7 s).
 # A task takes plain arrays: every array taken out of a tuple or a typed list is a new reference, an atomic update
 # of a count that all threads share, and at a few dozen per task those updates cost more than the task (the linear
 # steps ran 2.4x slower on two threads than on one). So a worker takes each array out once per step.
@@ -291,7 +295,7 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
                     _attend_piece(qkv, cos, sin, k_cache, v_cache, g, c * PIECE_SLOTS,
                                   min((c + 1) * PIECE_SLOTS, n + 1), scale, part)
                     if pieces == 1:  # no COMBINE step: the one piece is the result
-                        _combine(part, 1, group, d, o[g * group * d:(g + 1) * group * d])
+                        _combine(part, np.int64(1), group, d, o[g * group * d:(g + 1) * group * d])
             elif kind == COMBINE:  # kv head t's pieces, in order
                 _combine(parts[t * pieces * width:(t + 1) * pieces * width], slots[layer] // PIECE_SLOTS + 1,
                          group, d, o[t * group * d:(t + 1) * group * d])
@@ -299,14 +303,14 @@ def _worker(worker, n_workers, plan, counters, path, row_prefetch, weights, lin_
                 n_act = act.size
                 n1 = min(n0 + rows[s], n_act)
                 _linear_rows(lin_kind[lin], path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
-                             absmax_x, gate_up, n0, n1, 0)
+                             absmax_x, gate_up, n0, n1, np.int64(0))
                 # the up rows: in panels, the weight's second half of panels (``_panels``)
                 _linear_rows(lin_kind[lin], path, row_prefetch, h, w32, w8, absmax_w, row_sums, x_u8, J, cols, x_o,
                              absmax_x, gate_up, n_act + n0, n_act + n1, w8.shape[0] // 2 - n_act)
                 _silu_product(gate_up, n_act, act, n0, n1)
             else:  # QKV, O_PROJ, DOWN, HEAD
                 _linear_rows(lin_kind[lin], path, row_prefetch, v_in, w32, w8, absmax_w, row_sums, x_u8, J, cols,
-                             x_o, absmax_x, y, n0, min(n0 + rows[s], y.size), 0)
+                             x_o, absmax_x, y, n0, min(n0 + rows[s], y.size), np.int64(0))
             if s == kinds.size - 1:  # the step that makes the result (the head's rows, or h): count what is not
                 # finite while it is in this core's cache, for the caller to refuse (``LlamaDecodeStep.__call__``)
                 result, r0, r1 = (h, 0, h.size) if kind == NORM_FINAL else (y, n0, min(n0 + rows[s], y.size))
