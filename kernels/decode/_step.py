@@ -102,6 +102,19 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       alone in four runs before. SmolLM2's int8 + int8 head ``generate`` of 48 tokens, medians of three rounds, six
       pairs of fresh processes: 189.0-209.8 -> 172.7-212.5 tokens/s (faster in three; within the noise),
       ``fixed_seconds(16)`` 0.518-0.557 -> 0.520-0.546 ms (one outlier of 0.798).
+  v16 (tried, not kept): fewer tasks per thread. 2-vCPU AMD EPYC (Zen 3, KVM), SmolLM2's int8 + int8 head ``generate``
+      of 48 tokens in one process, the plans in turn for 40 rounds, each round's rates paired: one task per thread and
+      linear step against four 1.051, 1.059 and 1.082 (faster in 36, 33 and 39 of 40 rounds), two 1.044 and 1.024 (35,
+      27); fp32 one 1.013 (9 of 16), two 1.030 (11 of 16). Where a token's time goes (a copy of the step that read each
+      thread's clock at each step's start, task end and wait end; 6.36 ms): the linear steps 5.80 ms, streaming at 21.1
+      GB/s (``wo``, 10 KB per stream of a task) to 24.7 GB/s (``w_down``, 27 KB), the serial and attention steps 0.45
+      ms. What a task costs, each part alone against v15 in the same way: one ``done`` add per thread and step instead
+      of one per task 1.017 (27 of 40); the rows' kernel without the views it made per call (the flat weight, the
+      outlier columns) 1.023, 1.011, 1.003 (30, 26, 22 of 40), with the int32 view of the outputs made once per token as
+      well 1.002 (21); without the views, a home block's tasks taking turns along its four streams instead of four
+      streams each 1.022 (24 of 40; the views alone 1.003 there). Four kept: on a Zen 4 (v10) four had the best median,
+      the fastest changing from round to round, and a count set from one machine's runs is what ``_layout`` avoids; the
+      same comparison on the next machine decides.
 """
 from __future__ import annotations
 
