@@ -160,6 +160,52 @@ def test_int8_head_against_fp32_decode_in_turn(benchmark, record):
             "int8_path": int8_api.product_path(), "cpu": f"{cpu_model()} x{os.cpu_count()}"})
 
 
+TASK_COUNTS = (4, 2, 1)  # tasks per thread of a linear step (``LlamaDecodeStep.tasks_per_thread``), the default first
+TASK_ROUNDS = 40  # rounds of decode runs, one per count in each, the order reversed every other round
+
+
+@pytest.mark.parametrize("linear, quantize_lm_head", [("int8", True), ("fp32", False)], ids=["int8-head", "fp32"])
+def test_tasks_per_thread_in_turn(benchmark, record, linear, quantize_lm_head):
+    """The decode step's tasks per thread (``kernels/decode/_step.py``, v16): each count's plan in turn in one
+    process, the same compiled step, so that every round meets one phase of the machine; each round's rate over
+    the default's in that round (``paired``), their median and how many rounds were faster. On a 2-vCPU AMD EPYC
+    (Zen 3) one task per thread ran the int8 + int8 head step 1.04-1.08x as fast as four in four runs (faster in 31
+    to 39 rounds of 40), fp32 1.01-1.02x; four is kept, from other machines' runs, until this comparison says
+    otherwise on more than one kind of machine."""
+    model = SmolLM2(linear=linear, quantize_lm_head=quantize_lm_head)
+    prompt = model.encode("Once upon a time")
+    step = model._one_region_step()
+    default = step.tasks_per_thread
+    rates = {count: [] for count in TASK_COUNTS}
+
+    def decode(count):
+        step.tasks_per_thread = count
+        timings = {}
+        out = model.generate(prompt, DECODE_TOKENS, timings=timings)
+        return len(out) / timings["decode_s"]
+
+    def rounds():
+        for r in range(TASK_ROUNDS):
+            for count in (TASK_COUNTS if r % 2 == 0 else TASK_COUNTS[::-1]):
+                rates[count].append(decode(count))
+
+    try:
+        for count in TASK_COUNTS:
+            decode(count)  # compile, warm
+        benchmark.pedantic(rounds, rounds=1, warmup_rounds=0)
+    finally:
+        step.tasks_per_thread = default
+    base = rates[TASK_COUNTS[0]]
+    for count in TASK_COUNTS:
+        paired = [r / b for b, r in zip(base, rates[count])]
+        record({"bench": "smollm2-tasks-per-thread", "linear": linear, "int8_head": quantize_lm_head,
+                "tasks_per_thread": count, "rounds": TASK_ROUNDS,
+                "tokens/s": f"{np.median(rates[count]):.1f} ({min(rates[count]):.1f}-{max(rates[count]):.1f})",
+                f"paired_vs_{TASK_COUNTS[0]}": f"{np.median(paired):.3f}",
+                "faster_rounds": f"{sum(p > 1 for p in paired)}/{TASK_ROUNDS}",
+                "cpu": f"{cpu_model()} x{os.cpu_count()}"})
+
+
 @pytest.mark.parametrize("prompt_tokens", [1024, 4096])
 def test_decode_tokens_per_second_after_a_long_prompt(benchmark, read_buffer, record, prompt_tokens):
     model = SmolLM2(linear="int8", quantize_lm_head=True)

@@ -45,8 +45,11 @@ def _quant_buffers(K):
             _lines((1, padded_k(K)), np.uint8), _lines((1,), np.float32), n_outliers)
 
 
-def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_workers, pieces):
-    """The steps of one token for ``n_workers`` threads, with a kv head's slots in at most ``pieces`` pieces:
+def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_workers, pieces,
+          tasks_per_thread=TASKS_PER_THREAD):
+    """The steps of one token for ``n_workers`` threads, with a kv head's slots in at most ``pieces`` pieces and a
+    linear step's outputs in about ``tasks_per_thread`` tasks per thread (fewer where a task would have fewer than
+    MIN_ROWS_PER_TASK outputs):
     (kinds, layers, tasks, rows per task, ahead) int64 arrays; ahead[s] is the first step after s that reads a
     weight (-1 when none does). An attention step's tasks are the pieces, piece by piece across the kv heads; a
     layer with fewer slots than the longest leaves its last tasks empty, and the threads that run out of real ones
@@ -71,7 +74,7 @@ def _plan(n_layers, outputs_of, n_kv_heads, int8_layers, int8_head, logits, n_wo
             tasks[s] = n_kv_heads
         elif kind in outputs_of:
             n = outputs_of[kind]
-            per_task = -(-n // (TASKS_PER_THREAD * n_workers))
+            per_task = -(-n // (tasks_per_thread * n_workers))
             rows[s] = min(n, -(-max(per_task, MIN_ROWS_PER_TASK) // MIN_ROWS_PER_TASK) * MIN_ROWS_PER_TASK)
             tasks[s] = -(-n // rows[s])
     # each step's next step with a weight to read (-1: none), whose rows a thread that waits asks for

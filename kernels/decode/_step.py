@@ -114,7 +114,9 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       well 1.002 (21); without the views, a home block's tasks taking turns along its four streams instead of four
       streams each 1.022 (24 of 40; the views alone 1.003 there). Four kept: on a Zen 4 (v10) four had the best median,
       the fastest changing from round to round, and a count set from one machine's runs is what ``_layout`` avoids; the
-      same comparison on the next machine decides.
+      same comparison on other machines decides: the step's ``tasks_per_thread`` sets the count, and
+      ``benchmarks/test_bench_smollm2.py::test_tasks_per_thread_in_turn`` compares one, two and four (a fourth run
+      there: one 1.039, in 31 of 40 rounds; two 1.016, in 25).
 """
 from __future__ import annotations
 
@@ -136,8 +138,8 @@ from ..int8.rows import ROW_PREFETCH, path_marker, prepare
 from ._fused import PIECE_SLOTS, _add_rms_norm, _attend_piece, _combine, _rope_write, _silu_product, piece_width
 from ._layout import (ATTEND, COMBINE, DOWN, DOWN_LIN, FLOAT32, GATE_UP, GATE_UP_LIN, HEAD, HEAD_LIN,
                       INT8_PANELS, INT8_ROWS, LINEAR_STEPS, NORM_ATTN, NORM_FFN, NORM_FINAL, O_LIN, O_PROJ,
-                      PREP_ACT, PREP_O, QKV, QKV_LIN, _arena, _check_weights, _lines, _norms, _on_huge_pages,
-                      _panels, _plan, _quant_buffers, _shape)
+                      PREP_ACT, PREP_O, QKV, QKV_LIN, TASKS_PER_THREAD, _arena, _check_weights, _lines, _norms,
+                      _on_huge_pages, _panels, _plan, _quant_buffers, _shape)
 
 AHEAD_BYTES = 256 * 1024  # the most a waiting thread asks for of its next linear step's rows (``_wait_streaming``):
 # half the smallest L2 per core of current x86 server cores (512 KiB: AMD Zen 2 to Zen 3, AMD's software
@@ -528,7 +530,7 @@ class LlamaDecodeStep:
                          starts, arena_shapes)
         # the outputs a linear step divides among its tasks (GATE_UP: features of the SwiGLU product)
         self._outputs_of = {QKV: self.qkv_size, O_PROJ: H, GATE_UP: I, DOWN: H, HEAD: self.vocab}
-        self._plans = {}  # by (logits, threads, pieces)
+        self._plans = {}  # by (logits, threads, pieces, tasks per thread)
         self._parts = {}  # the attention pieces' partial results, by pieces per kv head (``_pieces``)
         # the region's buffers and counters, made once (the logits' 196 KB came from fresh pages at each call):
         # SmolLM2's int8 step alone 6.2 -> 5.4 ms on the 2-vCPU Xeon; in ``generate``, alternating fresh
@@ -550,6 +552,9 @@ class LlamaDecodeStep:
         self._one_token = np.empty(1, np.int64)
         self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 products ask for their weight (``int8_rows``,
         # ``int8_panel_rows``); no value depends on it
+        self.tasks_per_thread = TASKS_PER_THREAD  # a linear step's tasks per thread (``_layout._plan``; v16 compared
+        # one, two and four): no int8 value depends on it; a float32 output's last bits may, as on the thread count
+        # (a row that ends a task's range is summed on its own)
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -666,10 +671,13 @@ class LlamaDecodeStep:
         return [int(t) for t in tokens[:done]]
 
     def _plan_for(self, logits, n_workers, pieces):
-        key = (logits, n_workers, pieces)
+        value = self.tasks_per_thread
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"tasks_per_thread must be an int >= 1; got {value!r}")
+        key = (logits, n_workers, pieces, int(value))
         if key not in self._plans:
             self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
-                                     self.int8_head, logits, n_workers, pieces)
+                                     self.int8_head, logits, n_workers, pieces, int(value))
         return self._plans[key]
 
     def _set_thresholds(self):
@@ -735,8 +743,7 @@ class LlamaDecodeStep:
         rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
         n_workers = numba.get_num_threads()
         pieces, parts = self._pieces(int(context) // PIECE_SLOTS + 1)
-        kinds, layers, tasks, rows, ahead = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
-                                                  self.int8_head, True, n_workers, pieces)
+        kinds, layers, tasks, rows, ahead = self._plan_for(True, n_workers, pieces)
         rows = np.where(np.isin(kinds, LINEAR_STEPS), 0, rows)  # a linear task of no rows: n0 = n1 = 0
         plan = (kinds, layers, tasks, rows, ahead)
         x = rng.standard_normal(self.hidden, dtype=np.float32)

@@ -119,6 +119,50 @@ def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads
     assert np.array_equal(logits, first)  # a result is the caller's: the next call does not write into it
 
 
+@pytest.mark.parametrize("tasks_per_thread", [1, 2, 3, 8])
+@pytest.mark.parametrize("mode", ["fp32", "int8-head"])
+def test_the_step_in_any_count_of_tasks_per_thread_equals_the_per_layer_path(rng, int8_path, tasks_per_thread, mode):
+    # the outputs a linear step divides among its tasks, in other counts than the default (v16): the int8 outputs
+    # bit for bit; a float32 row's sum may end a task's range, whose rows past the last four are summed alone
+    int8 = mode == "int8-head"
+    layers, attn_norms, ffn_norms, final, head = _model(rng, 2, 9, 3, 4, 96, 197, int8, int8, 1.5)
+    step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=9, n_kv_heads=3, head_dim=4,
+                                  eps=1e-5)
+    step.tasks_per_thread = tasks_per_thread
+    keys, values = (rng.standard_normal((2, 3, 40, 4)).astype(np.float32) for _ in range(2))
+    x = (3 * rng.standard_normal(36)).astype(np.float32)
+    angles = rng.uniform(0, 2 * np.pi, 2)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    slots = np.array([17, 39])
+    x_ref, keys_ref, values_ref = x.copy(), keys.copy(), values.copy()
+    logits_ref, _ = _per_layer(layers, attn_norms, ffn_norms, final, head, x_ref, cos, sin, keys_ref, values_ref,
+                               slots, 4, 1e-5)
+    with numba_threads(2):
+        logits = step(x, cos, sin, keys, values, slots)
+    kinds, _, tasks, _, _ = step._plan_for(True, 2, 1)  # the head's 197 outputs: about 2·count tasks of 16k
+    assert tasks[kinds == _step.HEAD][0] == {1: 2, 2: 4, 3: 5, 8: 13}[tasks_per_thread]  # (112, 64, 48, 16 rows)
+    if int8:
+        assert np.array_equal(logits, logits_ref) and np.array_equal(x, x_ref)
+        assert np.array_equal(keys, keys_ref) and np.array_equal(values, values_ref)
+    else:
+        assert_close(logits, logits_ref.astype(np.float64), np.float32)
+        assert_close(x, x_ref.astype(np.float64), np.float32)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "4", None])
+def test_a_bad_count_of_tasks_per_thread_is_refused(rng, value):
+    layers, attn_norms, ffn_norms, final, head = _model(rng, 1, 2, 1, 4, 8, 11, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=2, n_kv_heads=1, head_dim=4,
+                                  eps=1e-5)
+    step.tasks_per_thread = value
+    keys, values = (np.zeros((1, 1, 4, 4), np.float32) for _ in range(2))
+    x = rng.standard_normal(8).astype(np.float32)
+    with pytest.raises(ValueError, match="tasks_per_thread must be an int >= 1"):
+        step(x, np.ones(2, np.float32), np.zeros(2, np.float32), keys, values, [0])
+    with pytest.raises(ValueError, match="tasks_per_thread"):
+        step.fixed_seconds(0, calls=1)
+
+
 def test_calls_from_two_threads_at_once_give_the_serial_results(rng):
     import threading
 
