@@ -115,8 +115,9 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       streams each 1.022 (24 of 40; the views alone 1.003 there). Four kept: on a Zen 4 (v10) four had the best median,
       the fastest changing from round to round, and a count set from one machine's runs is what ``_layout`` avoids; the
       same comparison on other machines decides: the step's ``tasks_per_thread`` sets the count, and
-      ``benchmarks/test_bench_smollm2.py::test_tasks_per_thread_in_turn`` compares one, two and four (a fourth run
-      there: one 1.039, in 31 of 40 rounds; two 1.016, in 25).
+      ``benchmarks/test_bench_smollm2.py::test_tasks_per_thread_in_turn`` compares one, two and four (two more runs
+      there: one 1.039 and 1.036, in 31 and 27 of 40 rounds, two 1.016 and 1.041, in 25 and 27; fp32 one 1.017, in 27,
+      two 1.013, in 23).
 """
 from __future__ import annotations
 
@@ -553,8 +554,8 @@ class LlamaDecodeStep:
         self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 products ask for their weight (``int8_rows``,
         # ``int8_panel_rows``); no value depends on it
         self.tasks_per_thread = TASKS_PER_THREAD  # a linear step's tasks per thread (``_layout._plan``; v16 compared
-        # one, two and four): no int8 value depends on it; a float32 output's last bits may, as on the thread count
-        # (a row that ends a task's range is summed on its own)
+        # one, two and four); no value depends on it (a task's outputs are a multiple of 16 but the last, so the rows
+        # that a row kernel sums on their own are a linear's last n mod 4 whatever the count)
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):

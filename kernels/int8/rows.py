@@ -250,4 +250,5 @@ def gemv(path, x, threshold, w_i8, absmax_w, w_row_sums, y, flags, ahead):
     x_u8 = np.empty((1, padded_k(K)), dtype=np.uint8)  # (1, K rounded up to 64) offset int8 activations
     absmax_x = np.empty(1, dtype=np.float32)  # (1,)
     J = prepare(x, threshold, flags, cols, x_o, x_u8, absmax_x)
-    int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, 0, w_i8.shape[0], ahead)
+    # (n0 an int64, as the fused decode step passes it: a bare 0 would compile the row kernel once more)
+    int8_rows(path, x_u8, J, cols, x_o, absmax_x, w_i8, absmax_w, w_row_sums, y, np.int64(0), w_i8.shape[0], ahead)

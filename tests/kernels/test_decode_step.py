@@ -3,6 +3,7 @@ public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for
 within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from numba import njit, prange
@@ -121,32 +122,42 @@ def test_the_step_equals_the_per_layer_path(rng, int8_path, shape, mode, threads
 
 @pytest.mark.parametrize("tasks_per_thread", [1, 2, 3, 8])
 @pytest.mark.parametrize("mode", ["fp32", "int8-head"])
-def test_the_step_in_any_count_of_tasks_per_thread_equals_the_per_layer_path(rng, int8_path, tasks_per_thread, mode):
-    # the outputs a linear step divides among its tasks, in other counts than the default (v16): the int8 outputs
-    # bit for bit; a float32 row's sum may end a task's range, whose rows past the last four are summed alone
+def test_any_count_of_tasks_per_thread_gives_the_default_counts_outputs(rng, int8_path, tasks_per_thread, mode):
+    # a linear step's outputs in other counts of tasks than the default (v16), set on a step that has run: the same
+    # values bit for bit (a task's outputs are a multiple of 16 but the last, so the rows a row kernel sums alone are
+    # a linear's last n mod 4 whatever the count); the int8 ones the per-layer path's as well
     int8 = mode == "int8-head"
     layers, attn_norms, ffn_norms, final, head = _model(rng, 2, 9, 3, 4, 96, 197, int8, int8, 1.5)
     step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=9, n_kv_heads=3, head_dim=4,
                                   eps=1e-5)
-    step.tasks_per_thread = tasks_per_thread
     keys, values = (rng.standard_normal((2, 3, 40, 4)).astype(np.float32) for _ in range(2))
     x = (3 * rng.standard_normal(36)).astype(np.float32)
     angles = rng.uniform(0, 2 * np.pi, 2)
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
     slots = np.array([17, 39])
+    threads = min(2, numba.config.NUMBA_NUM_THREADS)
+
+    def one_token():  # (logits, x, keys, values) from the same inputs
+        outputs = x.copy(), keys.copy(), values.copy()
+        with numba_threads(threads):
+            return (step(outputs[0], cos, sin, outputs[1], outputs[2], slots), *outputs)
+
+    default = one_token()
+    step.tasks_per_thread = tasks_per_thread
+    counted = one_token()
+    assert set(step._plans) == {(True, threads, 1, n) for n in (_step.TASKS_PER_THREAD, tasks_per_thread)}
+    kinds, _, tasks, _, _ = step._plans[(True, threads, 1, tasks_per_thread)]
+    if threads == 2:  # the head's 197 outputs: about 2·count tasks of 16k outputs (112, 64, 48, 16; 4 gives 7 of 32)
+        assert tasks[kinds == _step.HEAD][0] == {1: 2, 2: 4, 3: 5, 8: 13}[tasks_per_thread]
+    assert all(np.array_equal(a, b) for a, b in zip(counted, default))
     x_ref, keys_ref, values_ref = x.copy(), keys.copy(), values.copy()
     logits_ref, _ = _per_layer(layers, attn_norms, ffn_norms, final, head, x_ref, cos, sin, keys_ref, values_ref,
                                slots, 4, 1e-5)
-    with numba_threads(2):
-        logits = step(x, cos, sin, keys, values, slots)
-    kinds, _, tasks, _, _ = step._plan_for(True, 2, 1)  # the head's 197 outputs: about 2·count tasks of 16k
-    assert tasks[kinds == _step.HEAD][0] == {1: 2, 2: 4, 3: 5, 8: 13}[tasks_per_thread]  # (112, 64, 48, 16 rows)
-    if int8:
-        assert np.array_equal(logits, logits_ref) and np.array_equal(x, x_ref)
-        assert np.array_equal(keys, keys_ref) and np.array_equal(values, values_ref)
-    else:
-        assert_close(logits, logits_ref.astype(np.float64), np.float32)
-        assert_close(x, x_ref.astype(np.float64), np.float32)
+    for a, ref in zip(counted, (logits_ref, x_ref, keys_ref, values_ref)):
+        if int8:
+            assert np.array_equal(a, ref)
+        else:
+            assert_close(a, ref.astype(np.float64), np.float32)
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "4", None])
