@@ -166,7 +166,7 @@ def test_a_bad_count_of_tasks_per_thread_is_refused(rng, value):
     step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=2, n_kv_heads=1, head_dim=4,
                                   eps=1e-5)
     step.tasks_per_thread = value
-    keys, values = (np.zeros((1, 1, 4, 4), np.float32) for _ in range(2))
+    keys, values = (rng.standard_normal((1, 1, 4, 4)).astype(np.float32) for _ in range(2))
     x = rng.standard_normal(8).astype(np.float32)
     with pytest.raises(ValueError, match="tasks_per_thread must be an int >= 1"):
         step(x, np.ones(2, np.float32), np.zeros(2, np.float32), keys, values, [0])
