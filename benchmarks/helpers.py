@@ -12,6 +12,12 @@ from pathlib import Path
 PEER_PROBE = Path(__file__).with_name("peer_probe.py")
 
 
+def in_turn(items, round_index):
+    """``items`` in their order in even rounds and reversed in odd ones: peers measured in turn meet the machine's
+    phases alike, none always first."""
+    return tuple(items) if round_index % 2 == 0 else tuple(items)[::-1]
+
+
 def p90(samples):
     """The nearest-rank 90th percentile (of 30 samples: the 27th smallest)."""
     ordered = sorted(samples)

@@ -31,7 +31,7 @@ from models.configs import kv_cache_bytes  # noqa: E402
 from models.smollm2 import SmolLM2, evaluation_text  # noqa: E402
 from simulator.calibrate import dram_test_bytes, filled, read_once  # noqa: E402
 
-from helpers import beside_reads  # noqa: E402
+from helpers import beside_reads, in_turn  # noqa: E402
 
 PREFILL_TOKENS = 1024
 DECODE_TOKENS = 64
@@ -142,7 +142,7 @@ def test_int8_head_against_fp32_decode_in_turn(benchmark, record):
 
     def rounds():
         for r in range(IN_TURN_ROUNDS):
-            for name in (("fp32", "int8-head") if r % 2 == 0 else ("int8-head", "fp32")):
+            for name in in_turn(("fp32", "int8-head"), r):
                 rates[name].append(decode(name))
                 if r < PREFILL_IN_TURN:
                     prefills[name].append(prefill(name))
@@ -188,7 +188,7 @@ def test_tasks_per_thread_in_turn(benchmark, record, linear, quantize_lm_head):
 
     def rounds():
         for r in range(TASK_ROUNDS):
-            for count in (TASK_COUNTS if r % 2 == 0 else TASK_COUNTS[::-1]):
+            for count in in_turn(TASK_COUNTS, r):
                 rates[count].append(decode(count))
 
     try:

@@ -48,7 +48,7 @@ import pytest
 
 from kernels.cpuinfo import cpu_model
 
-from helpers import p90, slow_call_causes
+from helpers import in_turn, p90, slow_call_causes
 
 ROUNDS = 30
 PROBE = Path(__file__).with_name("stall_probe.py")
@@ -121,7 +121,7 @@ def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
                 children.append(after)
                 _await_ready(after)
                 for i in range(DECODE_ROUNDS):
-                    for child in ((fresh, after) if i % 2 == 0 else (after, fresh)):
+                    for child in in_turn((fresh, after), i):
                         child.stdin.write("round\n")
                         child.stdin.flush()
                         if not child.stdout.readline():

@@ -163,17 +163,19 @@ def test_the_ncu_parser_sums_the_kernels_and_skips_the_units_row():
 def test_the_ncu_note_gives_each_kernel_name_its_launches_and_bytes_largest_first():
     rows = [("softmax_rows", 2.1e9, 2.0e9), ("nvjet_hsh_128x256", 1.0e9, 2.2e9), ("softmax_rows", 0.1e9, 0.2e9),
             ("vectorized_elementwise_kernel", 4e6, 0.0)]
-    text = ('"ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n"","","byte","byte"\n'
-            + "".join(f'"{i}","{name}","{read:.0f}","{write:.0f}"\n' for i, (name, read, write) in enumerate(rows)))
+    # ncu's columns, then its units row
+    header = '"ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n"","","byte","byte"\n'
+    text = header + "".join(f'"{i}","{name}","{read:.0f}","{write:.0f}"\n'
+                            for i, (name, read, write) in enumerate(rows))
     assert ncu.by_kernel(text) == ("by kernel (read/written): softmax_rows ×2 2200.0/2200.0 MB; "
-                                   "nvjet_hsh_128x256 ×1 1000.0/2200.0 MB; vectorized_elementwise_kernel ×1 4.0/0.0 MB")
+                                   "nvjet_hsh_128x256 ×1 1000.0/2200.0 MB; "
+                                   "vectorized_elementwise_kernel ×1 4.0/0.0 MB")
     assert ncu.by_kernel(text, top=1).endswith("softmax_rows ×2 2200.0/2200.0 MB; 2 more")
     assert ncu.by_kernel("==ERROR== LibraryNotLoaded") == ""
     # two cuBLAS kernels alike in their first characters stay two, each cut in its middle
     long = ["sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x256x64_warpgroupsize1x1x1_execute_segment_k_off",
             "sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off"]
-    text = ('"ID","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n"","","byte","byte"\n'
-            f'"0","{long[0]}","2000000","0"\n"1","{long[1]}","1000000","0"\n')
+    text = header + f'"0","{long[0]}","2000000","0"\n"1","{long[1]}","1000000","0"\n'
     note = ncu.by_kernel(text)
     assert note.count("×1 ") == 2 and "128x256x64" not in note  # two entries, neither name whole
     assert all(len(part.split(" ×")[0]) <= ncu.NAME_CHARS for part in note.split(": ", 1)[1].split("; "))
