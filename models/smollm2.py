@@ -300,6 +300,9 @@ class SmolLM2:
         self.im_end = self.tokenizer.token_to_id("<|im_end|>") if self.tokenizer is not None else -1
         self.lean_decode = True  # one-token forwards through the fused kernels of kernels.decode
         self.one_region_decode = True  # ... and all of a token in one parallel region where the layers allow it
+        self.tune_decode = True  # that region's tasks per thread timed on this machine when it is built
+        # (``LlamaDecodeStep.tune_tasks_per_thread``, ~0.25 s for int8, ~1 s for fp32 on two cores; no output
+        # depends on it)
         self._step = None  # the kernels.decode.LlamaDecodeStep, built at the first decode step
 
     def weight_bytes_per_token(self) -> int:
@@ -430,6 +433,8 @@ class SmolLM2:
                     np.asarray(self.final_norm, dtype=np.float32), head, n_heads=cfg.n_heads,
                     n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, eps=self.eps)
                 self._share_step_weights()
+                if self.tune_decode:
+                    self._step.tune_tasks_per_thread()
         return self._step or None
 
     def _share_step_weights(self):

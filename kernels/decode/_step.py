@@ -118,6 +118,15 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       ``benchmarks/test_bench_smollm2.py::test_tasks_per_thread_in_turn`` compares one, two and four (two more runs
       there: one 1.039 and 1.036, in 31 and 27 of 40 rounds, two 1.016 and 1.041, in 25 and 27; fp32 one 1.017, in 27,
       two 1.013, in 23).
+  v17: the count timed on the machine instead (``tune_tasks_per_thread``: one, two and four, each over two calls
+      back to back in eight rounds taken in turn, the fastest median kept; ``models.smollm2`` tunes its step when it
+      builds it). Where the gain lies, on the Zen 3 above, 40 rounds in one process as in v16 (48 tokens of
+      ``generate`` per count and round, int8 + int8 head, 208 tokens/s with four): one task per thread everywhere
+      1.070 (faster in 40 of 40), one in the blocks and four in the head 1.058 (38), two and four 1.054 (37), four
+      and one 1.009 (23): the blocks' steps, whose tasks at four per thread hold 41-221 KB, not the head's 3.5 MB
+      ones. The tuning itself: 0.23 s for int8 + int8 head (4.4-4.6 ms a call at one and two tasks, 4.6-4.7 at four;
+      it kept one, one, one and two in four tunings), 0.8 s for fp32 (15.1-16.3 ms, the counts within 0-5% of each
+      other; it kept two, four, one and one).
 """
 from __future__ import annotations
 
@@ -130,6 +139,7 @@ from numba import njit, prange
 
 from .._common.affinity import steer_workers
 from .._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, home_block, wait_until
+from .._common.memory import ensure_fits
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
 from ..int8 import Int8Linear
@@ -671,8 +681,9 @@ class LlamaDecodeStep:
                     break
         return [int(t) for t in tokens[:done]]
 
-    def _plan_for(self, logits, n_workers, pieces):
-        value = self.tasks_per_thread
+    def _plan_for(self, logits, n_workers, pieces, tasks_per_thread=None):
+        """The plan (``_layout._plan``) at ``tasks_per_thread`` (default: the attribute), made once per key."""
+        value = self.tasks_per_thread if tasks_per_thread is None else tasks_per_thread
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"tasks_per_thread must be an int >= 1; got {value!r}")
         key = (logits, n_workers, pieces, int(value))
@@ -732,22 +743,13 @@ class LlamaDecodeStep:
         weights: the launch, the serial work and the threads' hand-offs between steps (``simulator.report.model``
         adds it to the weights' streaming time). Its caches and input are its own, and a call's outputs and the
         outlier counts stay as they were."""
-        if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 0:
-            raise ValueError(f"context must be an int >= 0; got {context!r}")
-        if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or calls < 1:
-            raise ValueError(f"calls must be an int >= 1; got {calls!r}")
-        rng = np.random.default_rng(seed)
-        shape = (self.n_layers, self.n_kv_heads, int(context) + 1, self.head_dim)
-        keys, values = (rng.standard_normal(shape, dtype=np.float32) for _ in range(2))
-        slots = np.full(self.n_layers, int(context), dtype=np.int64)
-        angles = rng.uniform(0.0, 2 * np.pi, self.head_dim // 2)
-        rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
+        _check_count("calls", calls, 1)
+        rng, keys, values, slots, rot, x = self._own_inputs(context, seed)
         n_workers = numba.get_num_threads()
         pieces, parts = self._pieces(int(context) // PIECE_SLOTS + 1)
         kinds, layers, tasks, rows, ahead = self._plan_for(True, n_workers, pieces)
         rows = np.where(np.isin(kinds, LINEAR_STEPS), 0, rows)  # a linear task of no rows: n0 = n1 = 0
         plan = (kinds, layers, tasks, rows, ahead)
-        x = rng.standard_normal(self.hidden, dtype=np.float32)
         outliers = np.zeros_like(self._outliers)  # not the caller's counts
         seconds = []
         with self._lock:  # the step's own buffers, which every call writes before it reads them
@@ -759,3 +761,69 @@ class LlamaDecodeStep:
                 self._region(n_workers, plan, x0, (keys, values, slots0), rot, outliers, parts)
                 seconds.append(time.perf_counter() - start)
         return float(np.median(seconds[1:]))
+
+    def tune_tasks_per_thread(self, counts=(1, 2, 4), *, rounds=8, calls=2, context=16, seed=0):
+        """Time the whole step at each of ``counts`` tasks per thread of a linear step, keep the fastest as
+        ``tasks_per_thread`` and return {count: the median seconds of a call}.
+
+        Why: fewer tasks mean fewer claims and hand-offs and longer runs of weight rows per task, more tasks cover
+        a thread that starts late or is preempted; which wins depends on the machine (v16, v17), and no value of
+        the outputs depends on it. In each of ``rounds`` rounds every count runs ``calls`` calls back to back, the
+        counts in turn, their order reversed every other round, so that each round meets one phase of the machine;
+        a count's time is the median over the rounds (the first in ``counts`` of equal medians wins). The calls
+        are the region's own, on caches of ``context`` tokens per block and an input of its own (random, from
+        ``seed``), as ``fixed_seconds`` takes them, weights included: the caller's caches, inputs, outlier counts
+        and calls are left as they were. The choice holds for any thread count; ``tasks_per_thread`` may be set
+        by hand instead."""
+        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+            raise ValueError(f"counts must be a non-empty sequence of ints >= 1; got {counts!r}")
+        counts = list(counts)
+        if not counts or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in counts):
+            raise ValueError(f"counts must be a non-empty sequence of ints >= 1; got {counts!r}")
+        counts = list(dict.fromkeys(int(c) for c in counts))  # each once, in the order given
+        _check_count("rounds", rounds, 1)
+        _check_count("calls", calls, 1)
+        _, keys, values, slots, rot, x = self._own_inputs(context, seed)
+        n_workers = numba.get_num_threads()
+        pieces, parts = self._pieces(int(context) // PIECE_SLOTS + 1)
+        plans = {count: self._plan_for(True, n_workers, pieces, count) for count in counts}
+        outliers = np.zeros_like(self._outliers)  # not the caller's counts
+        seconds = {count: [] for count in counts}
+
+        def run(count):
+            x0, slots0 = x.copy(), slots.copy()  # (the region advances the slots it is given)
+            self._region(n_workers, plans[count], x0, (keys, values, slots0), rot, outliers, parts)
+
+        with self._lock:  # the step's own buffers
+            for count in counts:  # warm each plan's buffers and counters: not timed
+                run(count)
+            for r in range(rounds):
+                for count in counts if r % 2 == 0 else counts[::-1]:
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        run(count)
+                    seconds[count].append((time.perf_counter() - start) / calls)
+        medians = {count: float(np.median(times)) for count, times in seconds.items()}
+        self.tasks_per_thread = min(medians, key=medians.get)
+        return medians
+
+    def _own_inputs(self, context, seed):
+        """(rng, keys, values, slots, rot, x): caches of ``context`` tokens per block at slot ``context``, rotary
+        angles and an input x of the step's own, random from ``seed`` (``fixed_seconds``,
+        ``tune_tasks_per_thread``); the caches' memory is checked first."""
+        _check_count("context", context, 0)
+        shape = (self.n_layers, self.n_kv_heads, int(context) + 1, self.head_dim)
+        ensure_fits(2 * 4 * int(np.prod(shape)), f"caches of {int(context)} tokens per block, 2 x {shape} float32")
+        rng = np.random.default_rng(seed)
+        keys, values = (rng.standard_normal(shape, dtype=np.float32) for _ in range(2))
+        slots = np.full(self.n_layers, int(context), dtype=np.int64)
+        angles = rng.uniform(0.0, 2 * np.pi, self.head_dim // 2)
+        rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
+        x = rng.standard_normal(self.hidden, dtype=np.float32)
+        return rng, keys, values, slots, rot, x
+
+
+def _check_count(name, value, least):
+    """Refuse ``value`` unless it is an int >= ``least``, naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}; got {value!r}")

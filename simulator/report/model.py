@@ -87,7 +87,9 @@ def model_section(ctx: RunContext) -> Section:
             f"working set of the model's weights (below). "
             f"The tied LM head stays float32 unless quantized too; the int8 rows keep int8 weights only (the float16 "
             f"copy of the outlier rows runs one call per linear, not timed here). Each of these models decodes a "
-            f"token in one parallel region (`kernels.decode.LlamaDecodeStep`): *predicted* times every weight's "
+            f"token in one parallel region (`kernels.decode.LlamaDecodeStep`), its linear steps split into the tasks "
+            f"per thread that timing the step on this machine chose when it was built (`tune_tasks_per_thread`: "
+            f"{_tasks_per_thread(speed)}): *predicted* times every weight's "
             f"bytes at the rate the step's row kernels stream a working set of the model's weight bytes per token, "
             f"read again and again as a decode reads it (measured in this run for each variant, one long run of rows "
             f"per thread: a host's cache can hold part of a small model's weights between tokens; the rates are in "
@@ -191,6 +193,10 @@ def _read_range(speed) -> str:
     return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f}"
 
 
+def _tasks_per_thread(speed) -> str:
+    return ", ".join(f"{s['variant']} {s['tasks_per_thread']}" for s in speed)
+
+
 def _decode_speed(model, label, rates, buffer):
     """Decode tokens/s (DECODE_TOKENS after a warm-up) beside the bound, weight bytes per token over the all-core
     read rate (the block linears in their precision, the tied LM head float32 unless quantized), and the predicted
@@ -220,6 +226,7 @@ def _decode_speed(model, label, rates, buffer):
             "measured_ms_per_token": f"{measured * 1e3:.4g}", "predicted_ms_per_token": f"{predicted * 1e3:.4g}",
             **{f"predicted_{k[:-2]}_ms": f"{v * 1e3:.3g}" for k, v in parts.items()},
             "error_pct": f"{error_pct(predicted, measured):.1f}",
+            "tasks_per_thread": model._one_region_step().tasks_per_thread,
             "stream_fp32_GBps": f"{at_working_set.step_fp32_dram / 1e9:.1f}",
             "stream_int8_GBps": f"{at_working_set.step_int8_dram / 1e9:.1f}"}
 

@@ -3,6 +3,8 @@ public pieces (add_rms_norm, rope_attend, swiglu, the linear layers) — bit for
 within float32 tolerance in float32 — over awkward sizes and thread counts; and the pieces it is made of."""
 from __future__ import annotations
 
+import types
+
 import numba
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from kernels import decode
 from kernels.decode import _step
 from kernels.decode._fused import PIECE_SLOTS
 from kernels._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, wait_until
-from kernels._common.memory import HUGE_PAGE_BYTES
+from kernels._common.memory import HUGE_PAGE_BYTES, InsufficientMemoryError
 from kernels._common.prefetch import PREFETCH_ROWS, row_prefetch_rows
 from kernels.dense import matmul_nt
 from kernels.int8 import Int8Linear, _api, _vnni, panels
@@ -279,6 +281,64 @@ def test_the_fixed_part_is_timed_without_touching_the_callers_state(rng):
             step.fixed_seconds(bad)
     with pytest.raises(ValueError, match="calls"):
         step.fixed_seconds(3, calls=0)
+
+
+def test_tuning_keeps_the_fastest_count_and_leaves_the_callers_state(rng):
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    keys, values = (rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for _ in range(2))
+    x = (3 * rng.standard_normal(32)).astype(np.float32)
+    cos, sin = np.ones(4, np.float32), np.zeros(4, np.float32)
+    first = step(x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1])
+    products, calls = step.outlier_products, step._calls
+    medians = step.tune_tasks_per_thread((8, 1, 2, 8), rounds=3, calls=2, context=5)
+    assert list(medians) == [8, 1, 2] and all(np.isfinite(s) and s > 0 for s in medians.values())
+    assert step.tasks_per_thread == min(medians, key=medians.get)
+    assert (step.outlier_products, step._calls) == (products, calls)  # its calls are not the caller's
+    assert np.array_equal(step(x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1]), first)
+
+
+def test_tuning_takes_the_count_whose_calls_took_least(rng, monkeypatch):
+    # a clock that only the region moves, by an amount set by the plan it runs: the count of the cheapest plan wins
+    layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, False, False, 6.0)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
+    with numba_threads(min(2, numba.config.NUMBA_NUM_THREADS)):
+        threads = numba.get_num_threads()
+        tasks = {count: int(step._plan_for(True, threads, 1, count)[2].sum()) for count in (1, 2, 4)}
+        assert len(set(tasks.values())) == 3  # (the model's outputs make three different plans)
+        cost = {n: 1.0 + abs(n - tasks[2]) for n in tasks.values()}  # seconds of a call: least at two
+        clock = [0.0]
+
+        def region(n_workers, plan, *args):
+            clock[0] += cost[int(plan[2].sum())]
+            return 0
+
+        monkeypatch.setattr(step, "_region", region)
+        monkeypatch.setattr(_step, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+        medians = step.tune_tasks_per_thread((4, 1, 2), rounds=3, calls=2)
+    assert step.tasks_per_thread == 2
+    assert medians == {count: cost[tasks[count]] for count in (4, 1, 2)}
+
+
+@pytest.mark.parametrize("arguments, name", [({"counts": ()}, "counts"), ({"counts": [1, 0]}, "counts"),
+                                             ({"counts": [1.5]}, "counts"), ({"counts": "12"}, "counts"),
+                                             ({"counts": 2}, "counts"), ({"counts": [True]}, "counts"),
+                                             ({"rounds": 0}, "rounds"), ({"calls": 0}, "calls"),
+                                             ({"calls": 2.0}, "calls"), ({"context": -1}, "context")])
+def test_bad_tuning_arguments_are_refused(rng, arguments, name):
+    layers, an, fn, final, head = _model(rng, 1, 2, 1, 4, 8, 11, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        step.tune_tasks_per_thread(**arguments)
+    assert step.tasks_per_thread == _step.TASKS_PER_THREAD
+
+
+def test_caches_past_the_machines_memory_are_refused_before_timing(rng):
+    layers, an, fn, final, head = _model(rng, 1, 2, 1, 4, 8, 11, True, True, 1.5)
+    step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
+    for timed in (step.fixed_seconds, step.tune_tasks_per_thread):
+        with pytest.raises(InsufficientMemoryError, match="caches of 1000000000000 tokens per block"):
+            timed(context=10**12)
 
 
 def test_bad_calls_are_refused(rng):

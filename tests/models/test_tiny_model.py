@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernels import decode
+from kernels.decode._layout import TASKS_PER_THREAD
 from models import ModelConfig
 from models.smollm2 import SmolLM2, cache_policy
 
@@ -81,6 +83,23 @@ def test_the_lean_decode_step_equals_the_general_forward(rng, linear):
     greedy = model.generate(ids, 8)
     model.lean_decode = False
     assert model.generate(ids, 8) == greedy
+
+
+def test_the_decode_step_is_tuned_once_when_built_unless_told_not_to(rng, monkeypatch):
+    tuned = []
+    tune = decode.LlamaDecodeStep.tune_tasks_per_thread
+    monkeypatch.setattr(decode.LlamaDecodeStep, "tune_tasks_per_thread",
+                        lambda step, *args, **kwargs: tuned.append(step) or tune(step, *args, **kwargs))
+    weights = tiny_weights(rng)
+    ids = rng.integers(0, 50, 7).tolist()
+    model = SmolLM2(weights=weights, linear="int8")
+    tokens = model.generate(ids, 4)
+    assert model.generate(ids, 4) == tokens and tuned == [model._step]
+    assert model._step.tasks_per_thread in (1, 2, 4)
+    untuned = SmolLM2(weights=weights, linear="int8")
+    untuned.tune_decode = False
+    assert untuned.generate(ids, 4) == tokens  # no output depends on the count
+    assert len(tuned) == 1 and untuned._step.tasks_per_thread == TASKS_PER_THREAD
 
 
 @pytest.mark.parametrize("linear", ["fp32", "int8"])
