@@ -12,10 +12,10 @@ from ..int8 import MAX_EXACT_K, Int8Linear
 from ..int8.panels import PANEL_ROWS, pack
 from ..int8.rows import padded_k
 
-TASKS_PER_THREAD = 4  # tasks of a linear step per thread until the step is tuned (``LlamaDecodeStep.
-# tune_tasks_per_thread`` times one, two and four on the machine): enough for a thread that starts late or is
-# preempted to be covered by the others, few enough that each task streams a long run of weight rows (``_step``: v8
-# tried eight, v16 one and two, v17 the tuning)
+TASKS_PER_THREAD = 4  # tasks of a linear step per thread until the step is tuned
+# (``LlamaDecodeStep.tune_tasks_per_thread`` times one, two and four on the machine): enough for a thread that starts
+# late or is preempted to be covered by the others, few enough that each task streams a long run of weight rows
+# (``_step``: v8 tried eight, v16 one and two, v17 the tuning)
 MIN_ROWS_PER_TASK = PANEL_ROWS  # outputs: a task is a multiple of 16 rows (9-24 KB of int8 at K = 576-1536), so
 # that each starts an int8 panel (``kernels.int8.panels``: a task's outputs are whole panels but for the last)
 

@@ -130,6 +130,7 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -464,8 +465,7 @@ class LlamaDecodeStep:
 
     def __init__(self, layers, attn_norms, ffn_norms, final_norm, head, *, n_heads, n_kv_heads, head_dim, eps):
         for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+            _check_count(name, value, 1)
         if n_heads % n_kv_heads or head_dim % 2:
             raise ValueError(f"n_heads must be a multiple of n_kv_heads and head_dim even; got {n_heads}, "
                              f"{n_kv_heads}, {head_dim}")
@@ -564,8 +564,9 @@ class LlamaDecodeStep:
         self.row_prefetch = ROW_PREFETCH  # how far ahead the int8 products ask for their weight (``int8_rows``,
         # ``int8_panel_rows``); no value depends on it
         self.tasks_per_thread = TASKS_PER_THREAD  # a linear step's tasks per thread (``_layout._plan``; v16 compared
-        # one, two and four); no value depends on it (a task's outputs are a multiple of 16 but the last, so the rows
-        # that a row kernel sums on their own are a linear's last n mod 4 whatever the count)
+        # one, two and four, v17 times them: ``tune_tasks_per_thread`` sets it); no value depends on it (a task's
+        # outputs are a multiple of 16 but the last, so the rows that a row kernel sums on their own are a linear's
+        # last n mod 4 whatever the count)
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -684,8 +685,7 @@ class LlamaDecodeStep:
     def _plan_for(self, logits, n_workers, pieces, tasks_per_thread=None):
         """The plan (``_layout._plan``) at ``tasks_per_thread`` (default: the attribute), made once per key."""
         value = self.tasks_per_thread if tasks_per_thread is None else tasks_per_thread
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"tasks_per_thread must be an int >= 1; got {value!r}")
+        _check_count("tasks_per_thread", value, 1)
         key = (logits, n_workers, pieces, int(value))
         if key not in self._plans:
             self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
@@ -773,13 +773,15 @@ class LlamaDecodeStep:
         a count's time is the median over the rounds (the first in ``counts`` of equal medians wins). The calls
         are the region's own, on caches of ``context`` tokens per block and an input of its own (random, from
         ``seed``), as ``fixed_seconds`` takes them, weights included: the caller's caches, inputs, outlier counts
-        and calls are left as they were. The choice holds for any thread count; ``tasks_per_thread`` may be set
-        by hand instead."""
-        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
-            raise ValueError(f"counts must be a non-empty sequence of ints >= 1; got {counts!r}")
-        counts = list(counts)
-        if not counts or any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1 for c in counts):
-            raise ValueError(f"counts must be a non-empty sequence of ints >= 1; got {counts!r}")
+        and calls are left as they were. The count is timed at the current thread count and used at any;
+        ``tasks_per_thread`` may be set by hand instead."""
+        expected = f"counts must be a non-empty sequence of ints >= 1; got {counts!r}"
+        try:
+            counts = None if isinstance(counts, (str, bytes)) else list(counts)
+        except TypeError:  # not iterable: an int, a 0-d array
+            raise ValueError(expected) from None
+        if not counts or not all(_is_count(c, 1) for c in counts):
+            raise ValueError(expected)
         counts = list(dict.fromkeys(int(c) for c in counts))  # each once, in the order given
         _check_count("rounds", rounds, 1)
         _check_count("calls", calls, 1)
@@ -803,8 +805,8 @@ class LlamaDecodeStep:
                     for _ in range(calls):
                         run(count)
                     seconds[count].append((time.perf_counter() - start) / calls)
-        medians = {count: float(np.median(times)) for count, times in seconds.items()}
-        self.tasks_per_thread = min(medians, key=medians.get)
+            medians = {count: float(np.median(times)) for count, times in seconds.items()}
+            self.tasks_per_thread = min(medians, key=medians.get)  # the first in ``counts`` of equal medians
         return medians
 
     def _own_inputs(self, context, seed):
@@ -813,7 +815,9 @@ class LlamaDecodeStep:
         ``tune_tasks_per_thread``); the caches' memory is checked first."""
         _check_count("context", context, 0)
         shape = (self.n_layers, self.n_kv_heads, int(context) + 1, self.head_dim)
-        ensure_fits(2 * 4 * int(np.prod(shape)), f"caches of {int(context)} tokens per block, 2 x {shape} float32")
+        caches = 2  # keys and values
+        ensure_fits(caches * math.prod(shape) * np.dtype(np.float32).itemsize,
+                    f"caches of {int(context)} tokens per block, {caches} x {shape} float32")
         rng = np.random.default_rng(seed)
         keys, values = (rng.standard_normal(shape, dtype=np.float32) for _ in range(2))
         slots = np.full(self.n_layers, int(context), dtype=np.int64)
@@ -823,7 +827,12 @@ class LlamaDecodeStep:
         return rng, keys, values, slots, rot, x
 
 
+def _is_count(value, least) -> bool:
+    """Whether ``value`` is an int (not a bool) >= ``least``."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
+
+
 def _check_count(name, value, least):
     """Refuse ``value`` unless it is an int >= ``least``, naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+    if not _is_count(value, least):
         raise ValueError(f"{name} must be an int >= {least}; got {value!r}")
