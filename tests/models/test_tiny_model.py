@@ -93,8 +93,12 @@ def test_the_decode_step_is_tuned_once_when_built_unless_told_not_to(rng, monkey
     weights = tiny_weights(rng)
     ids = rng.integers(0, 50, 7).tolist()
     model = SmolLM2(weights=weights, linear="int8")
+    built = []  # at the prefill of each call: whether the step was there (built before generate's clock starts)
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *args, **kwargs: built.append(bool(model._step)) or
+                        forward(*args, **kwargs))
     tokens = model.generate(ids, 4)
-    assert model.generate(ids, 4) == tokens and tuned == [model._step]
+    assert model.generate(ids, 4) == tokens and tuned == [model._step] and built == [True, True]
     assert model._step.tasks_per_thread in (1, 2, 4)
     untuned = SmolLM2(weights=weights, linear="int8")
     untuned.tune_decode = False
