@@ -8,7 +8,7 @@ compiled) first, and after the interleaved rounds the process serves decode roun
 The benchmark asks the two for a round in turn (``test_bench_stalls.run_probe``), so that both see the host's memory
 of the same moment.
 Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_rounds": [rates, best single reads, sustained reads],
-"weight_bytes_per_token": ..., "pool": ...}.
+"weight_bytes_per_token": ..., "tasks_per_thread": the count the decode step's tuning kept, "pool": ...}.
 
     python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode | --decode-only] [--no-torch]
         [--pause-ms 50]
@@ -233,6 +233,7 @@ def main(argv=None):
         sys.stdout = sys.stderr
         model, prompt, read_buffer = _load_model()
         result["weight_bytes_per_token"] = model.weight_bytes_per_token()
+        result["tasks_per_thread"] = model._one_region_step().tasks_per_thread  # its step's tuning chose it
     if not args.decode_only:
         rng = np.random.default_rng(0)
         calls = _calls(rng, use_torch)

@@ -93,13 +93,13 @@ DECODE_ROUNDS = 15  # decode rounds of each process, taken in turn: ~0.6 s a rou
 
 
 def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
-    """The probe's result in a fresh process with ``option``'s threading. With ``--decode``, a second fresh process
-    of the same option that only loads SmolLM2 (``--decode-only``) is started first and waits; once the probe's
-    rounds are done, the two decode a round each in turn, DECODE_ROUNDS each (the order switching every pair), and
-    the result's "decode_rounds" holds both: {"fresh": ..., "after_kernels": ...}. Measured apart, a minute from
-    each other, the best fresh rate and the best one after the kernels differed by up to 10.6% on the 2-vCPU AMD
-    EPYC (KVM), whose all-core read moved between 20 and 34 GB/s within 90 s of one process that only decoded: in
-    turn, each pair sees the memory of one moment."""
+    """The probe's result in a fresh process with ``option``'s threading. With ``--decode``, a second fresh process of
+    the same option that only loads SmolLM2 (``--decode-only``) is started first and waits; once the probe's rounds are
+    done, the two decode a round each in turn, DECODE_ROUNDS each (the order switching every pair), and the result's
+    "decode_rounds" and "tasks_per_thread" hold both: {"fresh": ..., "after_kernels": ...}. Measured apart, a minute
+    from each other, the best fresh rate and the best one after the kernels differed by up to 10.6% on the 2-vCPU AMD
+    EPYC (KVM), whose all-core read moved between 20 and 34 GB/s within 90 s of one process that only decoded: in turn,
+    each pair sees the memory of one moment."""
     env_extra, flags = OPTIONS[option]
     env = child_env(env_extra)
     cmd = [sys.executable, str(PROBE), "--rounds", str(rounds), *extra, *flags]
@@ -133,8 +133,9 @@ def run_probe(option, out_path, rounds=ROUNDS, extra=("--decode",)):
     finally:
         watchdog.cancel()
     result = json.loads(Path(out_path).read_text())
-    result["decode_rounds"] = {"fresh": json.loads(fresh_out.read_text())["decode_rounds"],
-                               "after_kernels": result["decode_rounds"]}
+    fresh_result = json.loads(fresh_out.read_text())
+    for key in ("decode_rounds", "tasks_per_thread"):
+        result[key] = {"fresh": fresh_result[key], "after_kernels": result[key]}
     return result
 
 
@@ -250,6 +251,8 @@ def test_stalls(benchmark, record, tmp_path, option):
             "decode_drift": f"{paired - 1:+.1%}",
             "decode_drift_of_medians": f"{decode['after_kernels'] / decode['fresh'] - 1:+.1%}",
             "decode_drift_per_read": f"{per_read['after_kernels'] / per_read['fresh'] - 1:+.1%}",
+            # the tasks per thread each process's decode step kept from its own tuning (fresh/after)
+            "decode_tasks_per_thread": "{fresh}/{after_kernels}".format(**result["tasks_per_thread"]),
             "read_GB/s": f"{statistics.median(reads) / 1e9:.1f} ({min(reads) / 1e9:.1f}-{max(reads) / 1e9:.1f})",
             "bound_tok/s": f"{bound:.1f}", "of_bound": f"{of_bound:.2f}",
             "sustained_read_GB/s": f"{statistics.median(sustained) / 1e9:.1f}",
