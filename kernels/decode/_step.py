@@ -124,8 +124,8 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
       ``generate`` per count and round, int8 + int8 head, 208 tokens/s with four): one task per thread everywhere
       1.070 (faster in 40 of 40), one in the blocks and four in the head 1.058 (38), two and four 1.054 (37), four
       and one 1.009 (23): the blocks' steps, whose tasks at four per thread hold 41-221 KB, not the head's 3.5 MB
-      ones. The tuning itself: 0.23 s for int8 + int8 head (4.4-4.6 ms a call at one and two tasks, 4.6-4.7 at four;
-      it kept one, one, one and two in four tunings), 0.8 s for fp32 (15.1-16.3 ms, the counts within 0-5% of each
+      ones. The tuning itself: 0.23 s for int8 + int8 head (4.4-4.5 ms a call at one and two tasks, 4.6-4.7 at four;
+      it kept one, one, one and two in four tunings), 0.8 s for fp32 (15.1-16.3 ms, the counts within 6% of each
       other; it kept two, four, one and one).
 """
 from __future__ import annotations

@@ -283,7 +283,7 @@ def test_the_fixed_part_is_timed_without_touching_the_callers_state(rng):
         step.fixed_seconds(3, calls=0)
 
 
-def test_tuning_keeps_the_fastest_count_and_leaves_the_callers_state(rng):
+def test_tuning_times_each_count_given_and_leaves_the_callers_state(rng):
     layers, an, fn, final, head = _model(rng, 2, 4, 2, 8, 40, 77, True, True, 1.5)
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-5)
     keys, values = (rng.standard_normal((2, 2, 4, 8)).astype(np.float32) for _ in range(2))
