@@ -567,6 +567,7 @@ class LlamaDecodeStep:
         # one, two and four, v17 times them: ``tune_tasks_per_thread`` sets it); no value depends on it (a task's
         # outputs are a multiple of 16 but the last, so the rows that a row kernel sums on their own are a linear's
         # last n mod 4 whatever the count)
+        self.tuned_seconds = None  # {count: median seconds of a call} of the last tuning, None before one
         self._lock = threading.Lock()
 
     def _check_caches(self, keys, values, slots):
@@ -764,7 +765,7 @@ class LlamaDecodeStep:
 
     def tune_tasks_per_thread(self, counts=(1, 2, 4), *, rounds=8, calls=2, context=16, seed=0):
         """Time the whole step at each of ``counts`` tasks per thread of a linear step, keep the fastest as
-        ``tasks_per_thread`` and return {count: the median seconds of a call}.
+        ``tasks_per_thread`` and return {count: the median seconds of a call} (kept as ``tuned_seconds``).
 
         Why: fewer tasks mean fewer claims and hand-offs and longer runs of weight rows per task, more tasks cover
         a thread that starts late or is preempted; which wins depends on the machine (v16, v17), and no value of
@@ -807,6 +808,7 @@ class LlamaDecodeStep:
                     seconds[count].append((time.perf_counter() - start) / calls)
             medians = {count: float(np.median(times)) for count, times in seconds.items()}
             self.tasks_per_thread = min(medians, key=medians.get)  # the first in ``counts`` of equal medians
+            self.tuned_seconds = dict(medians)
         return medians
 
     def _own_inputs(self, context, seed):

@@ -89,7 +89,7 @@ def model_section(ctx: RunContext) -> Section:
             f"copy of the outlier rows runs one call per linear, not timed here). Each of these models decodes a "
             f"token in one parallel region (`kernels.decode.LlamaDecodeStep`), its linear steps split into the tasks "
             f"per thread that timing the step on this machine chose when it was built (`tune_tasks_per_thread`: "
-            f"{_tasks_per_thread(speed)}): *predicted* times every weight's "
+            f"{_tasks_per_thread(speed)}; what each count took, in the CSV): *predicted* times every weight's "
             f"bytes at the rate the step's row kernels stream a working set of the model's weight bytes per token, "
             f"read again and again as a decode reads it (measured in this run for each variant, one long run of rows "
             f"per thread: a host's cache can hold part of a small model's weights between tokens; the rates are in "
@@ -215,6 +215,7 @@ def _decode_speed(model, label, rates, buffer):
     weight_bytes = model.weight_bytes_per_token()
     measured = timings["decode_s"] / len(out)
     at_working_set = rates_for(model, rates, buffer)
+    step = model._one_region_step()
     # the best all-core read of DRAM-sized data seen around this decode: a slower sample is the host's moment, not
     # the machine's bandwidth (the step's rows streaming a working set of the model's size are such a read too)
     read_bw = max(rates.read_all, beside, at_working_set.step_fp32_dram, at_working_set.step_int8_dram)
@@ -226,7 +227,10 @@ def _decode_speed(model, label, rates, buffer):
             "measured_ms_per_token": f"{measured * 1e3:.4g}", "predicted_ms_per_token": f"{predicted * 1e3:.4g}",
             **{f"predicted_{k[:-2]}_ms": f"{v * 1e3:.3g}" for k, v in parts.items()},
             "error_pct": f"{error_pct(predicted, measured):.1f}",
-            "tasks_per_thread": model._one_region_step().tasks_per_thread,
+            "tasks_per_thread": step.tasks_per_thread,
+            # what the step's tuning timed: each count's median ms per call (none where it was not tuned)
+            "tuning_ms_per_call": " ".join(f"{count}:{seconds * 1e3:.3f}"
+                                           for count, seconds in (step.tuned_seconds or {}).items()),
             "stream_fp32_GBps": f"{at_working_set.step_fp32_dram / 1e9:.1f}",
             "stream_int8_GBps": f"{at_working_set.step_int8_dram / 1e9:.1f}"}
 

@@ -294,6 +294,7 @@ def test_tuning_times_each_count_given_and_leaves_the_callers_state(rng):
     medians = step.tune_tasks_per_thread((8, 1, 2, 8), rounds=3, calls=2, context=5)
     assert list(medians) == [8, 1, 2] and all(np.isfinite(s) and s > 0 for s in medians.values())
     assert step.tasks_per_thread in medians  # (which one: the fake clock's test below)
+    assert step.tuned_seconds == medians
     assert (step.outlier_products, step._calls) == (products, calls)  # its calls are not the caller's
     assert np.array_equal(step(x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1]), first)
 
@@ -336,7 +337,7 @@ def test_bad_tuning_arguments_are_refused(rng, arguments, name):
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
     with pytest.raises(ValueError, match=f"^{name} must be"):
         step.tune_tasks_per_thread(**arguments)
-    assert step.tasks_per_thread == _step.TASKS_PER_THREAD
+    assert step.tasks_per_thread == _step.TASKS_PER_THREAD and step.tuned_seconds is None
 
 
 def test_caches_past_the_machines_memory_are_refused_before_timing(rng):

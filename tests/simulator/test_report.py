@@ -131,7 +131,7 @@ def test_the_decode_bound_takes_the_best_read_seen_around_the_decode(monkeypatch
             return 537_919_488
 
         def _one_region_step(self):
-            return types.SimpleNamespace(tasks_per_thread=2)
+            return types.SimpleNamespace(tasks_per_thread=2, tuned_seconds={4: 0.0051, 2: 0.0049, 1: 0.005})
 
     monkeypatch.setattr(section, "read_bandwidth_of", lambda buffer, repeats: beside_read)
     monkeypatch.setattr(section, "rates_for", lambda model, rates, buffer: rates)
@@ -140,7 +140,8 @@ def test_the_decode_bound_takes_the_best_read_seen_around_the_decode(monkeypatch
     row = section._decode_speed(Model(), "fp32", rates, buffer=None)
     assert float(row["read_GBps"]) == 27.0
     assert float(row["bound_tokens_per_s"]) == pytest.approx(27.0e9 / 537_919_488, rel=1e-3)
-    assert row["tasks_per_thread"] == 2  # the count the step's tuning chose, beside its rate
+    assert row["tasks_per_thread"] == 2  # the count the step's tuning chose, beside its rate, and what it timed
+    assert row["tuning_ms_per_call"] == "4:5.100 2:4.900 1:5.000"
 
 
 @pytest.mark.parametrize("section", [report.model_section, report.passkey_section], ids=["smollm2", "passkey"])
