@@ -413,9 +413,10 @@ class SmolLM2:
     def _one_region_step(self):
         """The ``LlamaDecodeStep`` of these weights, or None where a layer is neither float32 nor an int8-only
         ``Int8Linear`` (naive int8, a kept float16 copy: those run per layer)."""
-        with self._step_lock:
-            if self._step is None:
-                self._step = self._build_step()
+        if self._step is None:  # (the lock only until it is built: a per-layer decode asks at every token)
+            with self._step_lock:
+                if self._step is None:
+                    self._step = self._build_step()
         return self._step or None
 
     def _build_step(self):
