@@ -75,7 +75,7 @@ def _calls(rng, use_torch):
 
 
 # -- controls: what the machine adds -----------------------------------------------------------------------------
-# Beside the dense prefill (~3 ms on two threads, whose spread was the widest of ours), each as long as the prefill:
+# Beside the dense prefill (~3 ms on two threads, whose spread was the widest of ours), the first four as long as it:
 # - multiply-adds in registers (eight independent chains, as many as keep a core's floating-point pipes busy; no
 #   memory, no cache, no BLAS), on the calling thread and on Numba's pool as ioaware's parallel calls run (a region
 #   of one iteration per thread, its workers steered off the caller's CPU first): the cores' own spread (the
@@ -83,7 +83,10 @@ def _calls(rng, use_torch):
 # - the prefill's blocks, each thread multiplying arrays of its own on the pool (no shared output, no claims): what
 #   two threads of BLAS at once add;
 # - the prefill itself on the calling thread alone (the same code, no pool): what its caches and memory add on one
-#   core.
+#   core;
+# - a read of as many bytes as the 4096² int8 weight (16 MiB), a buffer of its own touched once a round as that
+#   weight is, on the pool: what the memory adds to a call that only streams bytes. Where the last level cache is
+#   shared and large (105-480 MiB on the Intel Xeon VMs), such a buffer is still there in some rounds and not in others.
 @njit(cache=True)
 def _chain(n, a):
     x0, x1, x2, x3, x4, x5, x6, x7 = a, a + 1, a + 2, a + 3, a + 4, a + 5, a + 6, a + 7
@@ -100,6 +103,16 @@ def _chains(n, a, out):
 
 
 @njit(parallel=True, cache=True)
+def _read(words, out):
+    step = -(-words.size // out.size)
+    for t in prange(out.size):  # thread t sums its share of the buffer: a read, nothing else
+        total = 0
+        for i in range(t * step, min(words.size, (t + 1) * step)):
+            total += words[i]
+        out[t] = total
+
+
+@njit(parallel=True, cache=True)
 def _private_products(a, b, c, repeats):
     for t in prange(a.shape[0]):  # thread t: c[t] = a[t] · b[t]ᵀ, ``repeats`` times
         for _ in range(repeats):
@@ -107,8 +120,8 @@ def _private_products(a, b, c, repeats):
 
 
 def _controls(prefill, threads):
-    """name -> callable: the controls above, each about as long as the median of five calls of ``prefill`` (the
-    dense prefill of ``_calls``: (256, 576) · (576, 1536))."""
+    """name -> callable: the controls above, the first four each about as long as the median of five calls of
+    ``prefill`` (the dense prefill of ``_calls``: (256, 576) · (576, 1536)), the read as long as its bytes take."""
     from kernels._common.affinity import steer_workers
     from kernels._common.blas import COLUMN_ALIGN, TASKS_PER_THREAD, _block, single_threaded_blas
     from kernels._common.threads import serial_if_small
@@ -140,6 +153,15 @@ def _controls(prefill, threads):
         steer_workers()
         _chains(n, a, out)
 
+    words = rng.integers(-2**62, 2**62, size=(4096 * 4096) // 8)  # int64: the bytes of a 4096² int8 weight
+    sums = np.empty(threads, dtype=np.int64)
+
+    def read():
+        steer_workers()
+        _read(words, sums)
+
+    read()  # compile
+
     def on_one_thread():
         with serial_if_small():  # no work counted: Numba's loops on the calling thread alone
             prefill()
@@ -149,7 +171,8 @@ def _controls(prefill, threads):
     return {"control multiply-adds, calling thread": lambda: _chain(n, a),
             f"control multiply-adds, {threads} threads": on_the_pool,
             f"control private products, {threads} threads": lambda: private_products(repeats),
-            "control dense prefill, calling thread": on_one_thread}
+            "control dense prefill, calling thread": on_one_thread,
+            f"control read 16 MiB, {threads} threads": read}
 
 
 def _timed(fn):

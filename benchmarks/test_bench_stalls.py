@@ -14,10 +14,11 @@ over the pairs of rounds of the rate after the kernels over the fresh one beside
 the median rates' ratio); ``decode_drift_per_read`` the ratio of the medians of each round's rate divided by the
 sustained read beside it.
 
-Beside the calls, four controls give the spread that the machine itself adds at the dense prefill's length
-(``stall_probe._controls``): multiply-adds in registers on the calling thread and on the pool, the prefill's blocks
-on arrays of each thread's own on the pool, and the prefill on the calling thread alone. ``test_slow_prefill_calls``
-traces the prefill's slow calls (``prefill_trace.py``).
+Beside the calls, five controls give the spread that the machine itself adds (``stall_probe._controls``): at the
+dense prefill's length, multiply-adds in registers on the calling thread and on the pool, the prefill's blocks on
+arrays of each thread's own on the pool, and the prefill on the calling thread alone; and a read on the pool of as
+many bytes as the 4096² int8 weight, touched once a round as it is. ``test_slow_prefill_calls`` traces the prefill's
+slow calls (``prefill_trace.py``).
 
 Options (environment of the child process):
 - ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
@@ -65,7 +66,7 @@ OPTIONS = {
 }
 P90_OVER_MEDIAN = 1.5
 PEERS = ("numpy ", "torch ")  # the calls of other libraries between ours: their spread is reported beside ours
-CONTROLS = "control "  # stall_probe's controls, as long as the dense prefill: the machine's own spread
+CONTROLS = "control "  # stall_probe's controls: the machine's own spread
 DECODE_DRIFT = 0.10
 DECODE_OF_BOUND = 0.8
 
