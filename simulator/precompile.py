@@ -136,8 +136,18 @@ def _int8_and_the_rest():
         gguf_dequant.dequantize(blocks, kind)
 
 
-# name: (the job, its sentinels: the kernels whose compile dominates it, as module and function, and its seconds
-# alone from an empty cache on the Zen 3 above, each job in a process of its own: only to balance ``plan``)
+def _split_gemv_module() -> str:
+    """The module whose split GEMV this CPU runs on several rows (``kernels.int8._api._split_gemv``): ``_vnni``'s
+    where it has AVX512-VNNI, else the portable kernel. With the portable one as the sentinel on a VNNI CPU (it
+    never compiles there), the int8 job ran before every report, its kernels all cached."""
+    from kernels.int8 import _api
+
+    return "kernels.int8._vnni" if _api.USE_VNNI else "kernels.int8._numba_cpu"
+
+
+# name: (the job, its sentinels: the kernels whose compile dominates it, as module (or a function that names the one
+# this CPU runs) and function, and its seconds alone from an empty cache on the Zen 3 above, each job in a process of
+# its own: only to balance ``plan``)
 JOBS = {
     "decode step": (_decode_step, (("kernels.decode._step", "_tokens"),), 33.2),
     "flash attention": (_flash, (("kernels.attn._numba_cpu", "flash_forward"),
@@ -145,7 +155,7 @@ JOBS = {
     "calibration": (_calibration, (("simulator.calibrate_phases", "_step_int8"),
                                    ("simulator.calibrate_phases", "block_steps"),
                                    ("simulator.calibrate", "_read_sum")), 28.1),
-    "int8 and the rest": (_int8_and_the_rest, (("kernels.int8._numba_cpu", "split_gemv"),
+    "int8 and the rest": (_int8_and_the_rest, ((_split_gemv_module, "split_gemv"),
                                                ("kernels._common.blas", "_batched_nt"),
                                                ("kernels.kvprune._numba_cpu", "window_scores")), 27.6),
 }
@@ -165,12 +175,17 @@ def cached(dispatcher) -> bool:
     return any(entry[1:] == key[1:] for entry in index)
 
 
-def needed() -> list[str]:
-    """The jobs of JOBS with a sentinel that Numba's cache does not hold."""
+def sentinel(module, function):
+    """The njit function a sentinel of JOBS names."""
     import importlib
 
+    return getattr(importlib.import_module(module() if callable(module) else module), function)
+
+
+def needed() -> list[str]:
+    """The jobs of JOBS with a sentinel that Numba's cache does not hold."""
     def sentinels_cached(name):
-        return all(cached(getattr(importlib.import_module(module), function)) for module, function in JOBS[name][1])
+        return all(cached(sentinel(*named)) for named in JOBS[name][1])
 
     return [name for name in JOBS if not sentinels_cached(name)]
 

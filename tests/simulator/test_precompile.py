@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -17,7 +18,7 @@ def test_every_sentinel_is_a_cached_numba_function():
     for name, (job, sentinels, seconds) in precompile.JOBS.items():
         assert callable(job) and seconds > 0, name
         for module, function in sentinels:
-            dispatcher = getattr(importlib.import_module(module), function)
+            dispatcher = precompile.sentinel(module, function)
             assert dispatcher._cache.__class__.__name__ == "FunctionCache", f"{module}.{function} is not cached"
 
 
@@ -74,8 +75,21 @@ def test_cached_is_false_for_what_it_cannot_read(tmp_path, monkeypatch):
 
 
 def test_the_jobs_compile_their_sentinels():
-    precompile.run_jobs(list(precompile.JOBS))
-    assert precompile.needed() == []
+    # in a fresh process: a sentinel that its job never calls (one this CPU does not run) must show here, not pass
+    # because another test of this worker compiled it first
+    check = textwrap.dedent("""
+        from simulator import precompile
+        precompile.run_jobs(list(precompile.JOBS))
+        uncalled = [f"{name}: {function}" for name, (_, sentinels, _) in precompile.JOBS.items()
+                    for module, function in sentinels if not precompile.sentinel(module, function).signatures]
+        print(uncalled, precompile.needed())
+        """)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[] []"  # every sentinel called by its job, and cached
 
 
 # jobs for the processes: module-level functions, which a spawned process imports by name
