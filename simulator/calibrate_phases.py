@@ -27,7 +27,7 @@ from kernels.int8.rows import ROW_PREFETCH, padded_k, path_marker, prepare
 from .calibrate import (CACHE_FILE, cache_stamp, cached_spec, calibrate, dram_test_bytes, fill_parallel, filled,
                         launch_overhead, machine_id, read_bandwidth_of, save_to_cache, triad_bandwidth_of)
 from .hardware.spec import HardwareSpec
-from .measure import SETTLE_S, time_call, views
+from .measure import settle, time_call, views
 
 
 @njit(parallel=True, fastmath=FASTMATH, cache=True)
@@ -566,7 +566,7 @@ def phase_rates(d: int = 64, *, spec: HardwareSpec | None = None, write_all: flo
     # NumPy's BLAS first, then an idle pause: its threads spin for ~0.1 s after a call (OpenBLAS's THREAD_TIMEOUT)
     # and would take the cores from every measurement after it, this calibration's and the caller's
     values.update(gemv_rates(buffer, values["llc_bytes"]))
-    time.sleep(SETTLE_S)
+    settle()
     # one core's NumPy passes from the cache (arrays of 2·L2, past one core's L2) and from DRAM (two quarters of
     # the buffer: a pass over both covers the largest cache the OS reports, where one core's read rate measured
     # above has long reached DRAM's)

@@ -26,7 +26,12 @@ class Timing:
 # README's Threads) while ioaware's own pool sleeps at once (kernels/_common/threads.py): without a pause, a NumPy
 # BLAS call measured just before steals the cores from the next measurement (flash attention at N=512 ran 2x slower
 # right after it).
+# ``settle`` ends the pause as soon as the process's threads are quiet, which they are at once after ioaware's own
+# calls (its pool waits passively); SETTLE_S is the most it waits for a spinning pool.
 SETTLE_S = 0.3
+QUIET_STEP_S = 0.01  # the pause's steps: quiet over one step ends it
+QUIET_SHARE = 0.1  # the process's CPU time per second of a step (all its threads) under which it is quiet: a spinning
+# worker uses a whole core (1.0); a thread woken by the OS for a tick or two, a few percent
 
 # Warm-up after that pause, in seconds of calls. On a shared VM the data of a call idle for 30 ms or more is cold
 # when it comes back: its next reads run at DRAM speed or below, whatever the process did meanwhile (measured on a
@@ -36,13 +41,28 @@ SETTLE_S = 0.3
 WARM_S = 0.15
 
 
+def settle(max_s: float = SETTLE_S) -> float:
+    """Idle until the process's threads (``time.process_time``: all of them, this one included) have used under
+    QUIET_SHARE of a core over a step of QUIET_STEP_S, or ``max_s`` has passed; the seconds idled. Another pool's
+    workers that spin after its calls (NumPy's OpenBLAS for ~0.1 s) keep it waiting; a pool that sleeps does not."""
+    start = time.perf_counter()
+    while (left := max_s - (time.perf_counter() - start)) > 0:
+        step = min(QUIET_STEP_S, left)
+        cpu = time.process_time()
+        time.sleep(step)
+        if time.process_time() - cpu < QUIET_SHARE * step:
+            break
+    return time.perf_counter() - start
+
+
 def time_call(fn, *, repeats: int = 5, warmup: int = 1, settle_s: float = SETTLE_S,
               warm_s: float | None = None) -> Timing:
-    """Idle ``settle_s``, call ``fn`` ``warmup`` times untimed (compilation, caches) and on until ``warm_s`` has
-    passed (``WARM_S`` after a pause, none without one), then ``repeats`` times with ``perf_counter``."""
+    """Idle until the process's threads are quiet, for at most ``settle_s`` (``settle``), call ``fn`` ``warmup``
+    times untimed (compilation, caches) and on until ``warm_s`` has passed (``WARM_S`` after a pause, none without
+    one), then ``repeats`` times with ``perf_counter``."""
     if warm_s is None:
         warm_s = WARM_S if settle_s > 0 else 0.0
-    time.sleep(settle_s)
+    settle(settle_s)
     start = time.perf_counter()
     for _ in range(warmup):
         fn()

@@ -1,6 +1,7 @@
 """simulator.measure.time_call: the pause, the warm-up and the timed calls."""
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -30,7 +31,26 @@ class _Clock:
     def perf_counter(self):
         return self.now
 
+    def process_time(self):  # the process's CPU clock: idle
+        return 0.0
+
     def sleep(self, seconds):
+        self.now += seconds
+
+
+class _SpinningClock(_Clock):
+    """The same, in a process where another pool's worker spins on one core until ``spins_until``: the process's CPU
+    clock moves as the wall clock does until then, not after."""
+
+    def __init__(self, spins_until):
+        super().__init__()
+        self.spins_until, self.cpu = spins_until, 0.0
+
+    def process_time(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        self.cpu += max(0.0, min(self.now + seconds, self.spins_until) - self.now)
         self.now += seconds
 
 
@@ -53,6 +73,32 @@ def test_after_a_pause_the_calls_warm_up_for_warm_s(monkeypatch, warm_steps):
     assert fn_calls[0] == 2 * step
     assert fn.calls == warm_steps + 3
     assert t.repeats == 3 and t.samples_s == (step, step, step)
+
+
+@pytest.mark.parametrize("spinning_steps", [0, 1, 7, 10.5])
+def test_settle_idles_until_the_process_is_quiet(monkeypatch, spinning_steps):
+    step = measure.QUIET_STEP_S
+    clock = _SpinningClock(spins_until=spinning_steps * step)
+    monkeypatch.setattr(measure, "time", clock)
+    # every step in which the worker spun, then one quiet step (a worker that stops within a step spun in it)
+    assert measure.settle(max_s=100 * step) == pytest.approx((math.ceil(spinning_steps) + 1) * step)
+    assert clock.now == pytest.approx((math.ceil(spinning_steps) + 1) * step)
+
+
+@pytest.mark.parametrize("max_s", [0.0, 0.001, 0.035])
+def test_settle_idles_at_most_max_s(monkeypatch, max_s):
+    clock = _SpinningClock(spins_until=1e9)  # a pool that never sleeps
+    monkeypatch.setattr(measure, "time", clock)
+    assert measure.settle(max_s=max_s) == pytest.approx(max_s)
+
+
+def test_time_call_pauses_until_quiet(monkeypatch):
+    step = measure.QUIET_STEP_S
+    clock = _SpinningClock(spins_until=4 * step)
+    monkeypatch.setattr(measure, "time", clock)
+    first = []
+    time_call(lambda: first.append(clock.now) if not first else None, repeats=1, warmup=1, warm_s=0.0)
+    assert first == [pytest.approx(5 * step)]  # not SETTLE_S: the spinning pool went quiet after four steps
 
 
 def test_the_default_warm_up_follows_the_pause():
