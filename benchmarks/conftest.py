@@ -8,7 +8,6 @@ the summary prints which BLAS kernel then ran.
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import kernels
 from kernels.cpuinfo import cpu_model
 from simulator.calibrate import dram_test_bytes, read_bandwidth
-from simulator.measure import SETTLE_S, time_call
+from simulator.measure import settle as settle_pools, time_call
 
 
 SGEMM_N = 2048  # large enough that sgemm runs near peak on every core
@@ -49,8 +48,8 @@ _MEASURED: dict = {}  # the peaks, once measured, for the summary's machine line
 
 @pytest.fixture(autouse=True)
 def settle():
-    """Let the previous benchmark's thread pools stop spinning (see simulator.measure.SETTLE_S)."""
-    time.sleep(SETTLE_S)
+    """Let the previous benchmark's thread pools stop spinning (``simulator.measure.settle``)."""
+    settle_pools()
 
 
 @pytest.fixture
