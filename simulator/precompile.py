@@ -138,11 +138,11 @@ def _int8_and_the_rest():
 
 def _split_gemv_module() -> str:
     """The module whose split GEMV this CPU runs on several rows (``kernels.int8._api._split_gemv``): ``_vnni``'s
-    where it has AVX512-VNNI, else the portable kernel. With the portable one as the sentinel on a VNNI CPU (it
-    never compiles there), the int8 job ran before every report, its kernels all cached."""
-    from kernels.int8 import _api
+    where its products take AVX512-VNNI's ``vpdpbusd``, else the portable kernel. With the portable one as the
+    sentinel on a VNNI CPU (it never compiles there), the int8 job ran before every report, its kernels all cached."""
+    from kernels.int8 import product_path
 
-    return "kernels.int8._vnni" if _api.USE_VNNI else "kernels.int8._numba_cpu"
+    return "kernels.int8._vnni" if product_path() == "vpdpbusd" else "kernels.int8._numba_cpu"
 
 
 # name: (the job, its sentinels: the kernels whose compile dominates it, as module (or a function that names the one
