@@ -29,7 +29,10 @@ class Timing:
 # ``settle`` ends the pause as soon as the process's threads are quiet, which they are at once after ioaware's own
 # calls (its pool waits passively); SETTLE_S is the most it waits for a spinning pool.
 SETTLE_S = 0.3
-QUIET_STEP_S = 0.01  # the pause's steps: quiet over one step ends it
+QUIET_STEP_S = 0.01  # the pause's steps. Linux adds another thread's CPU time to the process's clock at its
+# scheduler ticks and switches (every 4 ms at HZ = 250, 1 ms at 1000), so a step must span a few ticks
+QUIET_STEPS = 2  # consecutive quiet steps that end the pause: a spinning worker that another process kept off the
+# cores for one whole step is not taken for a sleeping one
 QUIET_SHARE = 0.1  # the process's CPU time per second of a step (all its threads) under which it is quiet: a spinning
 # worker uses a whole core (1.0); a thread woken by the OS for a tick or two, a few percent
 
@@ -43,15 +46,16 @@ WARM_S = 0.15
 
 def settle(max_s: float = SETTLE_S) -> float:
     """Idle until the process's threads (``time.process_time``: all of them, this one included) have used under
-    QUIET_SHARE of a core over a step of QUIET_STEP_S, or ``max_s`` has passed; the seconds idled. Another pool's
-    workers that spin after its calls (NumPy's OpenBLAS for ~0.1 s) keep it waiting; a pool that sleeps does not."""
+    QUIET_SHARE of a core in each of QUIET_STEPS steps of QUIET_STEP_S in a row, or ``max_s`` has passed; the
+    seconds idled. Another pool's workers that spin after its calls (NumPy's OpenBLAS for ~0.1 s) keep it waiting;
+    a pool that sleeps does not."""
     start = time.perf_counter()
-    while (left := max_s - (time.perf_counter() - start)) > 0:
+    quiet = 0
+    while quiet < QUIET_STEPS and (left := max_s - (time.perf_counter() - start)) > 0:
         step = min(QUIET_STEP_S, left)
         cpu = time.process_time()
         time.sleep(step)
-        if time.process_time() - cpu < QUIET_SHARE * step:
-            break
+        quiet = quiet + 1 if time.process_time() - cpu < QUIET_SHARE * step else 0
     return time.perf_counter() - start
 
 

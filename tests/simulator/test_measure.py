@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import pytest
@@ -80,9 +81,49 @@ def test_settle_idles_until_the_process_is_quiet(monkeypatch, spinning_steps):
     step = measure.QUIET_STEP_S
     clock = _SpinningClock(spins_until=spinning_steps * step)
     monkeypatch.setattr(measure, "time", clock)
-    # every step in which the worker spun, then one quiet step (a worker that stops within a step spun in it)
-    assert measure.settle(max_s=100 * step) == pytest.approx((math.ceil(spinning_steps) + 1) * step)
-    assert clock.now == pytest.approx((math.ceil(spinning_steps) + 1) * step)
+    # every step in which the worker spun (here at least half of the last one: over QUIET_SHARE), then the quiet ones
+    idled = (math.ceil(spinning_steps) + measure.QUIET_STEPS) * step
+    assert measure.settle(max_s=100 * step) == pytest.approx(idled)
+    assert clock.now == pytest.approx(idled)
+
+
+def test_settle_needs_quiet_steps_in_a_row(monkeypatch):
+    step = measure.QUIET_STEP_S
+    clock = _SpinningClock(spins_until=0.0)
+    busy_steps = {0, 2, 4}  # a worker that spins in every other step (kept off the cores in the others)
+
+    def sleep(seconds):
+        if round(clock.now / step) in busy_steps:
+            clock.cpu += seconds
+        clock.now += seconds
+
+    clock.sleep = sleep
+    monkeypatch.setattr(measure, "time", clock)
+    assert measure.settle(max_s=100 * step) == pytest.approx((max(busy_steps) + 1 + measure.QUIET_STEPS) * step)
+
+
+@pytest.mark.alone  # it needs a core for the spinning thread: under pytest-xdist, no other test meanwhile
+def test_settle_sees_another_thread_spin():
+    # the real clocks: another thread of this process that spins keeps settle waiting (a clock of this thread only,
+    # time.thread_time, would not see it), and it returns soon after the thread stops
+    spin_s = 0.2
+    stop = threading.Event()
+
+    def spin():
+        end = time.perf_counter() + spin_s
+        while time.perf_counter() < end and not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=spin)
+    start = time.perf_counter()
+    thread.start()
+    try:
+        idled = measure.settle(max_s=1.0)
+    finally:
+        stop.set()
+        thread.join()
+    assert spin_s / 2 <= idled <= time.perf_counter() - start
+    assert measure.settle(max_s=1.0) < 0.5  # quiet now: QUIET_STEPS steps, however loaded the machine
 
 
 @pytest.mark.parametrize("max_s", [0.0, 0.001, 0.035])
@@ -98,7 +139,8 @@ def test_time_call_pauses_until_quiet(monkeypatch):
     monkeypatch.setattr(measure, "time", clock)
     first = []
     time_call(lambda: first.append(clock.now) if not first else None, repeats=1, warmup=1, warm_s=0.0)
-    assert first == [pytest.approx(5 * step)]  # not SETTLE_S: the spinning pool went quiet after four steps
+    # not SETTLE_S: the spinning pool went quiet after four steps
+    assert first == [pytest.approx((4 + measure.QUIET_STEPS) * step)]
 
 
 def test_the_default_warm_up_follows_the_pause():
