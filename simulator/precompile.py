@@ -98,18 +98,22 @@ def _calibration():
     phases.exp_rows(s, p, 1)
     phases.max_rows(s, 1)
     phases.rescale_rows(o_acc, pv, alpha, 1)
-    phases.decode_step_rates(buffer, threads)  # the step's row kernels, float32 and int8
 
 
-def _int8_and_the_rest():
+def _calibration_rows():
+    """The calibration's copies of the decode step's row kernels, float32 and int8 (``decode_step_rates``)."""
+    import numba
+
+    from . import calibrate, calibrate_phases as phases
+
+    phases.decode_step_rates(calibrate.filled(2**18, 1.0, np.float32), numba.get_num_threads())
+
+
+def _int8():
     """``Int8Linear`` on one row and on several, with outlier features and without, with the float16 copy of the
-    weights and without; the naive absmax matmul; the standard attention algorithm and its phases; the float32
-    GEMV of ``kernels.dense``; SnapKV, H2O and StreamingLLM; the GGUF's dequantization (``models.gguf_dequant``)."""
-    import kernels
-    from kernels import kvprune
+    weights and without; the naive absmax matmul; the float32 GEMV of ``kernels.dense``."""
     from kernels.dense import matmul_nt
     from kernels.int8 import Int8Linear, naive_absmax_matmul
-    from models import gguf_dequant
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 128), dtype=np.float32)  # (N, K)
@@ -122,6 +126,16 @@ def _int8_and_the_rest():
     naive_absmax_matmul(x, w)
     matmul_nt(x[:1], w)
     matmul_nt(x, w)
+
+
+def _standard_and_pruning():
+    """The standard attention algorithm and its phases; SnapKV, H2O and StreamingLLM; the GGUF's dequantization
+    (``models.gguf_dequant``)."""
+    import kernels
+    from kernels import kvprune
+    from models import gguf_dequant
+
+    rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 4, 256, 64), dtype=np.float32) for _ in range(3))  # (B, H, N, d)
     for causal in (False, True):
         kernels.attention(q, k, v, causal=causal, algorithm="standard")
@@ -146,18 +160,20 @@ def _split_gemv_module() -> str:
 
 
 # name: (the job, its sentinels: the kernels whose compile dominates it, as module (or a function that names the one
-# this CPU runs) and function, and its seconds alone from an empty cache on the Zen 3 above, each job in a process of
-# its own: only to balance ``plan``)
+# this CPU runs) and function, and its seconds alone from an empty cache, each job in a process of its own, on the
+# 2-vCPU Intel Xeon (AVX-512 with VNNI; 2026-12-05): only to balance ``plan``. Five jobs of 5-16 s share two
+# processes within 2 s of half their sum there (27.9 of 53.6 s), where the four jobs of before took 31 s in one)
 JOBS = {
-    "decode step": (_decode_step, (("kernels.decode._step", "_tokens"),), 33.2),
+    "decode step": (_decode_step, (("kernels.decode._step", "_tokens"),), 15.9),
+    "int8": (_int8, ((_split_gemv_module, "split_gemv"),), 12.1),
+    "standard attention and pruning": (_standard_and_pruning, (("kernels._common.blas", "_batched_nt"),
+                                                               ("kernels.kvprune._numba_cpu", "window_scores")),
+                                       6.9),
     "flash attention": (_flash, (("kernels.attn._numba_cpu", "flash_forward"),
-                                 ("kernels.attn._numba_cpu", "combine_splits")), 13.1),
-    "calibration": (_calibration, (("simulator.calibrate_phases", "_step_int8"),
-                                   ("simulator.calibrate_phases", "block_steps"),
-                                   ("simulator.calibrate", "_read_sum")), 28.1),
-    "int8 and the rest": (_int8_and_the_rest, ((_split_gemv_module, "split_gemv"),
-                                               ("kernels._common.blas", "_batched_nt"),
-                                               ("kernels.kvprune._numba_cpu", "window_scores")), 27.6),
+                                 ("kernels.attn._numba_cpu", "combine_splits")), 6.7),
+    "calibration": (_calibration, (("simulator.calibrate_phases", "block_steps"),
+                                   ("simulator.calibrate", "_read_sum")), 5.7),
+    "calibration rows": (_calibration_rows, (("simulator.calibrate_phases", "_step_int8"),), 5.3),
 }
 
 
