@@ -1,6 +1,8 @@
-"""The float dtypes every kernel accepts, the precision each computes in, and the dtype check that names the bad
-argument (one message for every algorithm and backend)."""
+"""The float dtypes every kernel accepts, the precision each computes in, and the checks that name the bad argument
+(one message for every algorithm and backend): dtypes, finite values, counts."""
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 
@@ -33,3 +35,13 @@ def check_float_dtype(name: str, x) -> None:
             raise TypeError(f"{name} must be in this machine's byte order; got {dtype.str} ({dtype.name} of the "
                             f"other order): pass {name}.astype({dtype.name})")
         raise TypeError(f"{name} must have a floating dtype (float16, float32 or float64); got {x.dtype}")
+
+
+def check_int(name: str, value, least: int) -> int:
+    """``value`` as a Python int; ``TypeError`` naming ``name`` where it is not an integer (a bool is not; NumPy's
+    integers are), ``ValueError`` where it is below ``least``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}; got {value}")
+    return int(value)

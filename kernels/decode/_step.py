@@ -140,6 +140,7 @@ from numba import njit, prange
 
 from .._common.affinity import steer_workers
 from .._common.atomics import COUNTER_STRIDE, atomic_add, atomic_load, claim, home_block, wait_until
+from .._common.dtypes import check_int
 from .._common.memory import ensure_fits
 from .._common.prefetch import CACHE_LINE_BYTES, prefetch_l2
 from ..dense import gemv_rows
@@ -465,7 +466,7 @@ class LlamaDecodeStep:
 
     def __init__(self, layers, attn_norms, ffn_norms, final_norm, head, *, n_heads, n_kv_heads, head_dim, eps):
         for name, value in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            _check_count(name, value, 1)
+            check_int(name, value, 1)
         if n_heads % n_kv_heads or head_dim % 2:
             raise ValueError(f"n_heads must be a multiple of n_kv_heads and head_dim even; got {n_heads}, "
                              f"{n_kv_heads}, {head_dim}")
@@ -686,7 +687,7 @@ class LlamaDecodeStep:
     def _plan_for(self, logits, n_workers, pieces, tasks_per_thread=None):
         """The plan (``_layout._plan``) at ``tasks_per_thread`` (default: the attribute), made once per key."""
         value = self.tasks_per_thread if tasks_per_thread is None else tasks_per_thread
-        _check_count("tasks_per_thread", value, 1)
+        check_int("tasks_per_thread", value, 1)
         key = (logits, n_workers, pieces, int(value))
         if key not in self._plans:
             self._plans[key] = _plan(self.n_layers, self._outputs_of, self.n_kv_heads, self.int8_layers,
@@ -744,7 +745,7 @@ class LlamaDecodeStep:
         weights: the launch, the serial work and the threads' hand-offs between steps (``simulator.report.model``
         adds it to the weights' streaming time). Its caches and input are its own, and a call's outputs and the
         outlier counts stay as they were."""
-        _check_count("calls", calls, 1)
+        check_int("calls", calls, 1)
         rng, keys, values, slots, rot, x = self._own_inputs(context, seed)
         n_workers = numba.get_num_threads()
         pieces, parts = self._pieces(int(context) // PIECE_SLOTS + 1)
@@ -784,8 +785,8 @@ class LlamaDecodeStep:
         if not counts or not all(_is_count(c, 1) for c in counts):
             raise ValueError(expected)
         counts = list(dict.fromkeys(int(c) for c in counts))  # each once, in the order given
-        _check_count("rounds", rounds, 1)
-        _check_count("calls", calls, 1)
+        check_int("rounds", rounds, 1)
+        check_int("calls", calls, 1)
         _, keys, values, slots, rot, x = self._own_inputs(context, seed)
         n_workers = numba.get_num_threads()
         pieces, parts = self._pieces(int(context) // PIECE_SLOTS + 1)
@@ -815,7 +816,7 @@ class LlamaDecodeStep:
         """(rng, keys, values, slots, rot, x): caches of ``context`` tokens per block at slot ``context``, rotary
         angles and an input x of the step's own, random from ``seed`` (``fixed_seconds``,
         ``tune_tasks_per_thread``); the caches' memory is checked first."""
-        _check_count("context", context, 0)
+        check_int("context", context, 0)
         shape = (self.n_layers, self.n_kv_heads, int(context) + 1, self.head_dim)
         caches = 2  # keys and values
         ensure_fits(caches * math.prod(shape) * np.dtype(np.float32).itemsize,
@@ -832,9 +833,3 @@ class LlamaDecodeStep:
 def _is_count(value, least) -> bool:
     """Whether ``value`` is an int (not a bool) >= ``least``."""
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least
-
-
-def _check_count(name, value, least):
-    """Refuse ``value`` unless it is an int >= ``least``, naming the argument."""
-    if not _is_count(value, least):
-        raise ValueError(f"{name} must be an int >= {least}; got {value!r}")

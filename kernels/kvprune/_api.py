@@ -3,14 +3,13 @@ shape for all, ``fn(q, k, v, *, capacity, ..., backend) -> (k_c, v_c, kept)``, o
 from __future__ import annotations
 
 import math
-import numbers
 
 import numba
 import numpy as np
 
 from .._common import gpu as _gpu
 from .._common.dispatch import choose_backend
-from .._common.dtypes import check_finite, check_float_dtype
+from .._common.dtypes import check_finite, check_float_dtype, check_int
 from .._common.memory import copy_bytes, ensure_fits
 from .._common.blas import single_threaded_blas
 from . import _numba_cpu
@@ -53,14 +52,6 @@ def _device_inputs(on_host, dtype, *arrays):
 
 POOLINGS = ("max", "avg")
 GQA_MODES = ("mean", "per-query-head")
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int; got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
-    return int(value)
 
 
 _NO_V = object()  # (h2o_scores and snapkv_scores take no v; everywhere else v=None is an error)
@@ -106,7 +97,7 @@ def _check_choice(name, value, choices):
 
 
 def _check_scoring(kernel_size, pooling, gqa):
-    kernel_size = _check_int("kernel_size", kernel_size, 1)
+    kernel_size = check_int("kernel_size", kernel_size, 1)
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd (a centred window); got {kernel_size}")
     _check_choice("pooling", pooling, POOLINGS)
@@ -211,7 +202,7 @@ def top_positions(scores, n_keep):
         raise ValueError(f"scores must have at least one axis (positions along the last); got shape {scores.shape}")
     check_float_dtype("scores", scores)
     check_finite("scores", scores, "which ranks no position")
-    return _top_positions(scores, _check_int("n_keep", n_keep, 0))
+    return _top_positions(scores, check_int("n_keep", n_keep, 0))
 
 
 def _top_positions(scores, n_keep):
@@ -287,8 +278,8 @@ def snapkv_compress(q, k, v, *, capacity, window=32, kernel_size=7, pooling="max
         capacity <= window, window < 1, an even or non-positive kernel_size, unknown pooling or gqa, bad shapes.
     """
     _check_inputs(q, k, v, device_ok=True, scored=True)
-    window = _check_int("window", window, 1)
-    capacity = _check_int("capacity", capacity, 1)
+    window = check_int("window", window, 1)
+    capacity = check_int("capacity", capacity, 1)
     if capacity <= window:
         raise ValueError(f"capacity must exceed window ({window}); got capacity={capacity}")
     kernel_size = _check_scoring(kernel_size, pooling, gqa)
@@ -360,8 +351,8 @@ def streaming_llm(q, k, v, *, capacity, n_sink=4, backend="auto"):
     """StreamingLLM (Xiao et al. 2024): the first ``n_sink`` tokens (attention sinks) plus the most recent.
     ``backend`` as for ``snapkv_compress``: the positions need no scores, so only the gather runs on a GPU tier."""
     _check_inputs(q, k, v, device_ok=True)
-    capacity = _check_int("capacity", capacity, 1)
-    n_sink = _check_int("n_sink", n_sink, 0)
+    capacity = check_int("capacity", capacity, 1)
+    n_sink = check_int("n_sink", n_sink, 0)
     if n_sink >= capacity:
         raise ValueError(f"n_sink must be below capacity ({capacity}); got n_sink={n_sink}")
     backend = choose_backend("streaming_llm", backend, {"q": q, "k": k, "v": v},
@@ -390,7 +381,7 @@ def h2o_scores(q, k, *, block=H2O_BLOCK, backend="auto"):
     only: device arrays are refused with a message, not copied."""
     _check_inputs(q, k, device_ok=True, scored=True)
     choose_backend("h2o_scores", backend, {"q": q, "k": k}, tiers=("cpu",))
-    return _accumulated_scores(q, k, _check_int("block", block, 1))
+    return _accumulated_scores(q, k, check_int("block", block, 1))
 
 
 def _accumulated_scores(q, k, block):
@@ -412,7 +403,7 @@ def h2o(q, k, v, *, capacity, scores=None, backend="auto"):
     several capacities on one prompt without scoring it again. The CPU tier only, as ``h2o_scores``."""
     _check_inputs(q, k, v, device_ok=True, scored=True)
     choose_backend("h2o", backend, {"q": q, "k": k, "v": v}, tiers=("cpu",))
-    capacity = _check_int("capacity", capacity, 2)
+    capacity = check_int("capacity", capacity, 2)
     B, Hkv, N = k.shape[:3]
     if scores is not None and not isinstance(scores, np.ndarray):
         raise TypeError(f"scores must be a numpy.ndarray (h2o_scores' result); got {type(scores).__name__}")
@@ -436,8 +427,8 @@ def uniform_random(q, k, v, *, capacity, seed=0, backend="auto"):
     """``capacity`` positions drawn uniformly without replacement per (batch, kv head), from ``seed``; ``backend``
     as for ``streaming_llm``."""
     _check_inputs(q, k, v, device_ok=True)
-    capacity = _check_int("capacity", capacity, 1)
-    seed = _check_int("seed", seed, 0)  # (NumPy's own errors named no argument)
+    capacity = check_int("capacity", capacity, 1)
+    seed = check_int("seed", seed, 0)  # (NumPy's own errors named no argument)
     backend = choose_backend("uniform_random", backend, {"q": q, "k": k, "v": v},
                              cupy_refuses=lambda: _gather_refuses(k))
     B, Hkv, N = k.shape[:3]

@@ -162,17 +162,22 @@ def test_any_count_of_tasks_per_thread_gives_the_default_counts_outputs(rng, int
             assert_close(a, ref.astype(np.float64), np.float32)
 
 
-@pytest.mark.parametrize("value", [0, -1, 1.5, True, "4", None])
-def test_a_bad_count_of_tasks_per_thread_is_refused(rng, value):
+@pytest.mark.parametrize("value, error, message", [(0, ValueError, "tasks_per_thread must be >= 1"),
+                                                   (-1, ValueError, "tasks_per_thread must be >= 1"),
+                                                   (1.5, TypeError, "tasks_per_thread must be an int"),
+                                                   (True, TypeError, "tasks_per_thread must be an int"),
+                                                   ("4", TypeError, "tasks_per_thread must be an int"),
+                                                   (None, TypeError, "tasks_per_thread must be an int")])
+def test_a_bad_count_of_tasks_per_thread_is_refused(rng, value, error, message):
     layers, attn_norms, ffn_norms, final, head = _model(rng, 1, 2, 1, 4, 8, 11, True, True, 1.5)
     step = decode.LlamaDecodeStep(layers, attn_norms, ffn_norms, final, head, n_heads=2, n_kv_heads=1, head_dim=4,
                                   eps=1e-5)
     step.tasks_per_thread = value
     keys, values = (rng.standard_normal((1, 1, 4, 4)).astype(np.float32) for _ in range(2))
     x = rng.standard_normal(8).astype(np.float32)
-    with pytest.raises(ValueError, match="tasks_per_thread must be an int >= 1"):
+    with pytest.raises(error, match=message):
         step(x, np.ones(2, np.float32), np.zeros(2, np.float32), keys, values, [0])
-    with pytest.raises(ValueError, match="tasks_per_thread"):
+    with pytest.raises(error, match=message):
         step.fixed_seconds(0, calls=1)
 
 
@@ -276,8 +281,8 @@ def test_the_fixed_part_is_timed_without_touching_the_callers_state(rng):
     assert step.fixed_seconds(3) > 0 and step.fixed_seconds(0, calls=1) > 0
     assert step.outlier_products == products  # its calls are not the caller's
     assert np.array_equal(step(x.copy(), cos, sin, keys.copy(), values.copy(), [3, 1]), first)
-    for bad in (-1, 2.5, True, None):
-        with pytest.raises(ValueError, match="context"):
+    for bad, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError), (None, TypeError)):
+        with pytest.raises(error, match="context must be"):
             step.fixed_seconds(bad)
     with pytest.raises(ValueError, match="calls"):
         step.fixed_seconds(3, calls=0)
@@ -326,16 +331,17 @@ def test_tuning_takes_the_count_whose_calls_took_least(rng, monkeypatch, cheapes
     assert ran == [4, 1, 2] + [4, 4, 1, 1, 2, 2] + [2, 2, 1, 1, 4, 4] + [4, 4, 1, 1, 2, 2]  # warm-up, three rounds
 
 
-@pytest.mark.parametrize("arguments, name", [({"counts": ()}, "counts"), ({"counts": [1, 0]}, "counts"),
-                                             ({"counts": [1.5]}, "counts"), ({"counts": "12"}, "counts"),
-                                             ({"counts": 2}, "counts"), ({"counts": [True]}, "counts"),
-                                             ({"counts": np.array(2)}, "counts"),
-                                             ({"rounds": 0}, "rounds"), ({"calls": 0}, "calls"),
-                                             ({"calls": 2.0}, "calls"), ({"context": -1}, "context")])
-def test_bad_tuning_arguments_are_refused(rng, arguments, name):
+@pytest.mark.parametrize("arguments, name, error", [
+    ({"counts": ()}, "counts", ValueError), ({"counts": [1, 0]}, "counts", ValueError),
+    ({"counts": [1.5]}, "counts", ValueError), ({"counts": "12"}, "counts", ValueError),
+    ({"counts": 2}, "counts", ValueError), ({"counts": [True]}, "counts", ValueError),
+    ({"counts": np.array(2)}, "counts", ValueError),  # (a sequence's error names the sequence)
+    ({"rounds": 0}, "rounds", ValueError), ({"calls": 0}, "calls", ValueError), ({"calls": 2.0}, "calls", TypeError),
+    ({"context": -1}, "context", ValueError), ({"rounds": None}, "rounds", TypeError)])
+def test_bad_tuning_arguments_are_refused(rng, arguments, name, error):
     layers, an, fn, final, head = _model(rng, 1, 2, 1, 4, 8, 11, True, True, 1.5)
     step = decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
-    with pytest.raises(ValueError, match=f"^{name} must be"):
+    with pytest.raises(error, match=f"^{name} must be"):
         step.tune_tasks_per_thread(**arguments)
     assert step.tasks_per_thread == _step.TASKS_PER_THREAD and step.tuned_seconds is None
 
