@@ -85,8 +85,8 @@ def _calls(rng, use_torch):
 # - the prefill itself on the calling thread alone (the same code, no pool): what its caches and memory add on one
 #   core;
 # - a read of as many bytes as the 4096² int8 weight (16 MiB), a buffer of its own touched once a round as that
-#   weight is, on the pool: what the memory adds to a call that only streams bytes. Where the last level cache is
-#   shared and large (105-480 MiB on the Intel Xeon VMs), such a buffer is still there in some rounds and not in others.
+#   weight is, on the pool: what the memory adds to a call that only streams bytes (with a last-level cache of
+#   105-480 MiB, as on the Intel Xeon VMs, such a buffer may be found there in some rounds and not in others).
 @njit(cache=True)
 def _chain(n, a):
     x0, x1, x2, x3, x4, x5, x6, x7 = a, a + 1, a + 2, a + 3, a + 4, a + 5, a + 6, a + 7
