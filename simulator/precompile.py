@@ -161,8 +161,8 @@ def _split_gemv_module() -> str:
 
 # name: (the job, its sentinels: the kernels whose compile dominates it, as module (or a function that names the one
 # this CPU runs) and function, and its seconds alone from an empty cache, each job in a process of its own, on the
-# 2-vCPU Intel Xeon (AVX-512 with VNNI; 2026-12-05): only to balance ``plan``. Five jobs of 5-16 s share two
-# processes within 2 s of half their sum there (27.9 of 53.6 s), where the four jobs of before took 31 s in one)
+# 2-vCPU Intel Xeon (AVX-512 with VNNI; 2026-12-05): only to balance ``plan``. There the six jobs of 5-16 s share two
+# processes as 27.9 and 24.7 of their 52.6 s, where the four jobs before them put 31 s in one process)
 JOBS = {
     "decode step": (_decode_step, (("kernels.decode._step", "_tokens"),), 15.9),
     "int8": (_int8, ((_split_gemv_module, "split_gemv"),), 12.1),
