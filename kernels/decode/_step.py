@@ -131,6 +131,7 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 
@@ -781,8 +782,10 @@ class LlamaDecodeStep:
         try:
             counts = None if isinstance(counts, (str, bytes)) else list(counts)
         except TypeError:  # not iterable: an int, a 0-d array
-            raise ValueError(expected) from None
-        if not counts or not all(_is_count(c, 1) for c in counts):
+            raise TypeError(expected) from None
+        if counts is None or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) for c in counts):
+            raise TypeError(expected)  # as check_int refuses a count that is not an int
+        if not counts or min(counts) < 1:
             raise ValueError(expected)
         counts = list(dict.fromkeys(int(c) for c in counts))  # each once, in the order given
         check_int("rounds", rounds, 1)
@@ -828,8 +831,3 @@ class LlamaDecodeStep:
         rot = (np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), self._scale)
         x = rng.standard_normal(self.hidden, dtype=np.float32)
         return rng, keys, values, slots, rot, x
-
-
-def _is_count(value, least) -> bool:
-    """Whether ``value`` is an int (not a bool) >= ``least``."""
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= least

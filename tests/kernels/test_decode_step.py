@@ -333,9 +333,9 @@ def test_tuning_takes_the_count_whose_calls_took_least(rng, monkeypatch, cheapes
 
 @pytest.mark.parametrize("arguments, name, error", [
     ({"counts": ()}, "counts", ValueError), ({"counts": [1, 0]}, "counts", ValueError),
-    ({"counts": [1.5]}, "counts", ValueError), ({"counts": "12"}, "counts", ValueError),
-    ({"counts": 2}, "counts", ValueError), ({"counts": [True]}, "counts", ValueError),
-    ({"counts": np.array(2)}, "counts", ValueError),  # (a sequence's error names the sequence)
+    ({"counts": [1.5]}, "counts", TypeError), ({"counts": "12"}, "counts", TypeError),
+    ({"counts": 2}, "counts", TypeError), ({"counts": [True]}, "counts", TypeError),
+    ({"counts": np.array(2)}, "counts", TypeError),  # (a sequence's error names the sequence)
     ({"rounds": 0}, "rounds", ValueError), ({"calls": 0}, "calls", ValueError), ({"calls": 2.0}, "calls", TypeError),
     ({"context": -1}, "context", ValueError), ({"rounds": None}, "rounds", TypeError)])
 def test_bad_tuning_arguments_are_refused(rng, arguments, name, error):
@@ -385,6 +385,10 @@ def test_bad_calls_are_refused(rng):
         decode.LlamaDecodeStep(mixed, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
     with pytest.raises(ValueError, match="n_heads must be a multiple"):
         decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=3, head_dim=4, eps=1e-5)
+    with pytest.raises(TypeError, match="n_heads must be an int; got float"):
+        decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2.0, n_kv_heads=1, head_dim=4, eps=1e-5)
+    with pytest.raises(ValueError, match="head_dim must be >= 1; got 0"):
+        decode.LlamaDecodeStep(layers, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=0, eps=1e-5)
     with pytest.raises(ValueError, match="float16 copy"):
         kept = [tuple(Int8Linear.from_float(w, keep_fp16_weights=True) for w in block) for block in layers]
         decode.LlamaDecodeStep(kept, an, fn, final, head, n_heads=2, n_kv_heads=1, head_dim=4, eps=1e-5)
