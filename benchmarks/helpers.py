@@ -3,6 +3,7 @@ processes."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -90,10 +91,13 @@ def alternate_in_fresh_processes(workloads, *, pairs=3, repeats=5):
     """
     samples = {name: [] for name in workloads}
     checks = {}
+    # this checkout's packages first (a script's own folder heads its path; an installed copy may be another's)
+    root = str(PEER_PROBE.parent.parent)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     for _ in range(pairs):
         for name, args in workloads.items():
             done = subprocess.run([sys.executable, str(PEER_PROBE), *args, "--repeats", str(repeats)],
-                                  check=True, capture_output=True, text=True, timeout=600,
+                                  check=True, capture_output=True, text=True, timeout=600, env=env,
                                   cwd=PEER_PROBE.parent.parent)
             result = json.loads(done.stdout)
             samples[name] += result["samples_s"]
