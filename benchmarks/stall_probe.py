@@ -103,16 +103,6 @@ def _chains(n, a, out):
 
 
 @njit(parallel=True, cache=True)
-def _read(words, out):
-    step = -(-words.size // out.size)
-    for t in prange(out.size):  # thread t sums its share of the buffer: a read, nothing else
-        total = 0
-        for i in range(t * step, min(words.size, (t + 1) * step)):
-            total += words[i]
-        out[t] = total
-
-
-@njit(parallel=True, cache=True)
 def _private_products(a, b, c, repeats):
     for t in prange(a.shape[0]):  # thread t: c[t] = a[t] · b[t]ᵀ, ``repeats`` times
         for _ in range(repeats):
@@ -125,6 +115,7 @@ def _controls(prefill, threads):
     from kernels._common.affinity import steer_workers
     from kernels._common.blas import COLUMN_ALIGN, TASKS_PER_THREAD, _block, single_threaded_blas
     from kernels._common.threads import serial_if_small
+    from simulator.calibrate import read_once
 
     rng = np.random.default_rng(1)
     a = 0.5  # a value the compiler cannot see: the chains are not folded away (x -> x/2 + 1/2 tends to 1)
@@ -153,12 +144,11 @@ def _controls(prefill, threads):
         steer_workers()
         _chains(n, a, out)
 
-    words = rng.integers(-2**62, 2**62, size=(4096 * 4096) // 8)  # int64: the bytes of a 4096² int8 weight
-    sums = np.empty(threads, dtype=np.int64)
+    words = rng.standard_normal((4096 * 4096) // 4, dtype=np.float32)  # the bytes of a 4096² int8 weight
 
-    def read():
+    def read():  # the all-core read that simulator.calibrate times
         steer_workers()
-        _read(words, sums)
+        read_once(words)
 
     read()  # compile
 

@@ -131,7 +131,6 @@ Versions (2-vCPU Intel Xeon, family 6 model 167, KVM):
 from __future__ import annotations
 
 import math
-import numbers
 import threading
 import time
 
@@ -782,12 +781,15 @@ class LlamaDecodeStep:
         try:
             counts = None if isinstance(counts, (str, bytes)) else list(counts)
         except TypeError:  # not iterable: an int, a 0-d array
-            raise TypeError(expected) from None
-        if counts is None or any(isinstance(c, bool) or not isinstance(c, numbers.Integral) for c in counts):
-            raise TypeError(expected)  # as check_int refuses a count that is not an int
-        if not counts or min(counts) < 1:
+            counts = None
+        if counts is None:
+            raise TypeError(expected)
+        if not counts:
             raise ValueError(expected)
-        counts = list(dict.fromkeys(int(c) for c in counts))  # each once, in the order given
+        try:  # each count as check_int takes one (a TypeError where not an int, a ValueError under 1)
+            counts = list(dict.fromkeys(check_int("counts", c, 1) for c in counts))  # each once, in the order given
+        except (TypeError, ValueError) as err:
+            raise type(err)(expected) from None
         check_int("rounds", rounds, 1)
         check_int("calls", calls, 1)
         _, keys, values, slots, rot, x = self._own_inputs(context, seed)
