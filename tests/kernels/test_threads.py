@@ -2,6 +2,12 @@
 pool; the thread count is restored afterwards, and the results do not depend on it."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
@@ -168,3 +174,86 @@ def test_int8_gemm_runs_small_products_on_one_thread(rng, monkeypatch, two_threa
     assert seen == [1, 1, 2]
     assert seen_sums == ([1, 1, 2] if int8_api.USE_VNNI else [])  # only the vpdpbusd product needs them
     assert np.array_equal(c, x_i8.astype(np.int64) @ w_i8.astype(np.int64).T)
+
+
+# -- the design's promise: a call leaves no thread running ----------------------------------------------------------
+AFTER_S = 0.05  # the pause after a call over which the process's other threads must stay idle
+IDLE_SHARE = 0.1  # of one core, over AFTER_S: a spinning thread uses all of it; the process clock's ticks (a few
+# milliseconds per thread, ``simulator.measure``) stay below
+
+
+def _others_cpu_s(pause_s):
+    """The CPU seconds that threads other than this one used while this one slept ``pause_s``."""
+    process, own = time.process_time(), time.thread_time()
+    time.sleep(pause_s)
+    return (time.process_time() - process) - (time.thread_time() - own)
+
+
+POOL_CALLS = ("flash", "standard", "flash decode", "Int8Linear GEMV", "int8_matmul", "quantize_vectorwise",
+              "dense prefill", "snapkv_compress", "h2o")
+
+
+def _pool_calls(rng):
+    """POOL_CALLS' name -> a public call with work enough for the pool (above ``serial_if_small``'s thresholds)."""
+    from kernels import dense, kvprune
+
+    def rand(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    q, q_dec, kv_dec = rand(1, 8, 512, 64), rand(1, 32, 1, 64), rand(1, 8, 16384, 64)
+    x, w, x_wide = rand(128, 1024), rand(1024, 1024), rand(2048, 1024)
+    layer, x_gemv = int8.Int8Linear.from_float(rand(4096, 4096)), rand(1, 4096)
+    x_pre, w_pre = rand(256, 576), rand(1536, 576)
+    q_kv, k_kv = rand(1, 9, 1024, 64), rand(1, 3, 1024, 64)
+    return {"flash": lambda: kernels.attention(q, q, q, causal=True),
+            "standard": lambda: kernels.attention(q, q, q, algorithm="standard"),
+            "flash decode": lambda: kernels.attention(q_dec, kv_dec, kv_dec, causal=True),
+            "Int8Linear GEMV": lambda: layer(x_gemv),
+            "int8_matmul": lambda: int8.int8_matmul(x, w),
+            "quantize_vectorwise": lambda: int8.quantize_vectorwise(x_wide),
+            "dense prefill": lambda: dense.matmul_nt(x_pre, w_pre),
+            "snapkv_compress": lambda: kvprune.snapkv_compress(q_kv, k_kv, k_kv, capacity=256),
+            "h2o": lambda: kvprune.h2o(q_kv, k_kv, k_kv, capacity=256)}
+
+
+@pytest.mark.parametrize("name", POOL_CALLS)
+def test_no_call_leaves_a_thread_running(rng, two_threads, name):
+    """Numba's workers sleep as a call returns (passive waits), and no call wakes a pool of another library (NumPy's
+    BLAS spins ~0.1 s after each of its calls): the process's other threads idle in the pause after it."""
+    from simulator.measure import settle
+
+    call = _pool_calls(rng)[name]
+    call()  # compiled and warm
+    settle(1.0)  # other pools' threads (of tests before this one) at rest
+    before = _others_cpu_s(AFTER_S)
+    call()
+    after = _others_cpu_s(AFTER_S)
+    assert before < IDLE_SHARE * AFTER_S, f"the process was not idle before the call: {before * 1e3:.1f} ms of CPU"
+    assert after < IDLE_SHARE * AFTER_S, (f"other threads used {after * 1e3:.1f} ms of CPU in the {AFTER_S * 1e3:.0f} "
+                                          f"ms after {name}")
+
+
+SPINNING_POOL = """
+import time, numpy as np, kernels
+from tests.kernels.test_threads import AFTER_S, _others_cpu_s
+q = np.random.default_rng(0).standard_normal((1, 8, 512, 64), dtype=np.float32)
+kernels.attention(q, q, q)
+time.sleep(0.2)
+kernels.attention(q, q, q)
+print(kernels.pool_info()["wait_policy"], _others_cpu_s(AFTER_S) / AFTER_S)
+"""
+
+
+def test_the_pause_finds_a_spinning_pool():
+    """The check above fails where the pool spins: the same measure after a call in a process whose user asked
+    OpenMP to spin (``OMP_WAIT_POLICY=ACTIVE``, which the design leaves to the user: ``threads.configure_pool``)."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs a pool of 2 threads or more: a pool of one has no worker to spin")
+    if kernels.pool_info()["threading_layer"] != "omp":
+        pytest.skip("OMP_WAIT_POLICY is the OpenMP layer's; this process's pool runs another layer")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_WAIT_POLICY": "ACTIVE", "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", SPINNING_POOL], env=env, cwd=root, capture_output=True, text=True,
+                         check=True, timeout=300).stdout.split()
+    assert out[0].startswith("OMP_WAIT_POLICY=ACTIVE")
+    assert float(out[-1]) > IDLE_SHARE  # a worker spinning through the pause (a core's whole share where it had one)
