@@ -55,6 +55,21 @@ def sustained_read(read_buffer, n_bytes):
     return passes * read_buffer.nbytes / (time.perf_counter() - start)
 
 
+BESIDE_NUMPY = 0.5  # a call ran beside NumPy's spinning BLAS workers where they used at least this share of one core
+# over its wall time (OpenBLAS's workers poll for 2^28 cycles, ~0.1 s, after each of NumPy's multithreaded calls:
+# THREAD_TIMEOUT, its Makefile.rule; read from OPENBLAS_THREAD_TIMEOUT when NumPy loads)
+
+
+def split_by_numpy_pool(samples, pool_cpu_s):
+    """({call: samples beside NumPy's BLAS workers}, {call: the others}) for {call: [seconds]} and the CPU seconds
+    those workers used during each sample, {call: [seconds]} (``stall_probe.NUMPY_POOL``)."""
+    beside, apart = {}, {}
+    for name, xs in samples.items():
+        beside[name] = [x for x, cpu in zip(xs, pool_cpu_s[name], strict=True) if cpu >= BESIDE_NUMPY * x]
+        apart[name] = [x for x, cpu in zip(xs, pool_cpu_s[name], strict=True) if cpu < BESIDE_NUMPY * x]
+    return beside, apart
+
+
 def slow_call_causes(calls, slow_over_median):
     """The slow calls of a traced prefill (``prefill_trace.py``: longer than ``slow_over_median`` × the median) by where
     they lost the time: ``one_cpu`` (two of its threads started on the same CPU: one waited for the other),

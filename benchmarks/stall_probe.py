@@ -1,14 +1,17 @@
 """One process of the stall benchmark (run by ``test_bench_stalls.py``, one fresh process per threading option).
 
 Every public kernel at a small and a large size, called ``--rounds`` times interleaved with NumPy BLAS calls and,
-where torch is importable, torch calls, as user code mixes them, and four controls of the machine's own spread
-(``_controls``); each call's wall time is recorded. With ``--decode``, SmolLM2 is loaded (and its decode step
+where torch is importable, torch calls, as user code mixes them, and five controls of the machine's own spread
+(``_controls``); each call's wall time is recorded, and the CPU time that NumPy's BLAS workers used meanwhile
+(``NUMPY_POOL``). With ``--decode``, SmolLM2 is loaded (and its decode step
 compiled) first, and after the interleaved rounds the process serves decode rounds (``_serve``); with
 ``--decode-only`` it loads the model and serves them at once: the fresh process whose rate the other's is held to.
 The benchmark asks the two for a round in turn (``test_bench_stalls.run_probe``), so that both see the host's memory
 of the same moment.
-Writes JSON: {"samples_s": {call: [seconds, ...]}, "decode_rounds": [rates, best single reads, sustained reads],
-"weight_bytes_per_token": ..., "tasks_per_thread": the count the decode step's tuning kept, "pool": ...}.
+Writes JSON: {"samples_s": {call: [seconds, ...]}, "numpy_pool": {"threads": how many NumPy's BLAS started (Linux),
+"cpu_s": {call: [the CPU seconds they used during each sample]}}, "decode_rounds": [rates, best single reads,
+sustained reads], "weight_bytes_per_token": ..., "tasks_per_thread": the count the decode step's tuning kept,
+"pool": ...}.
 
     python benchmarks/stall_probe.py --rounds 30 --out stalls.json [--decode | --decode-only] [--no-torch]
         [--pause-ms 50]
@@ -17,11 +20,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import time
 
 import numpy as np
 from numba import njit, prange
+
+
+def _other_threads():
+    """The ids of this process's threads other than the calling one (Linux: /proc/self/task; elsewhere none)."""
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")} - {threading.get_native_id()}
+    except OSError:
+        return set()
+
+
+NUMPY_POOL = _other_threads()  # the threads that importing NumPy started: its BLAS's workers (OpenBLAS starts them
+# as it loads; Numba's pool and torch's start later, at their first parallel calls)
+
+
+def _cpu_s(tids):
+    """The CPU seconds the threads ``tids`` have used (each one's own clock, read as kernels/_common/affinity.py
+    reads its workers')."""
+    total = 0.0
+    for tid in tids:
+        try:
+            total += time.clock_gettime((~tid << 3) | 6)  # Linux's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+        except (OSError, OverflowError):
+            pass
+    return total
 
 
 def _calls(rng, use_torch):
@@ -256,12 +285,16 @@ def main(argv=None):
         if not args.pause_ms:  # the controls are for the spread of calls back to back
             calls.update(_controls(calls["dense prefill 256×576→1536"], kernels.pool_info()["threads"]))
         samples = {name: [] for name in calls}
+        numpy_pool_s = {name: [] for name in calls}  # the CPU seconds NumPy's BLAS workers used during each call
         for _ in range(args.rounds):
             for name, fn in calls.items():
                 if args.pause_ms:
                     time.sleep(args.pause_ms / 1e3)
+                before = _cpu_s(NUMPY_POOL)
                 samples[name].append(_timed(fn))
+                numpy_pool_s[name].append(_cpu_s(NUMPY_POOL) - before)
         result["samples_s"] = samples
+        result["numpy_pool"] = {"threads": len(NUMPY_POOL), "cpu_s": numpy_pool_s}
     if decode:
         result["decode_rounds"] = _serve(model, prompt, read_buffer, sys.stdin, protocol)
     with open(args.out, "w") as f:

@@ -14,6 +14,12 @@ over the pairs of rounds of the rate after the kernels over the fresh one beside
 the median rates' ratio); ``decode_drift_per_read`` the ratio of the medians of each round's rate divided by the
 sustained read beside it.
 
+Each sample is also sorted by whether NumPy's BLAS workers spun during it (``split_by_numpy_pool``: their CPU time
+over the call's wall time, read from their own clocks; OpenBLAS keeps them polling ~0.1 s after each of NumPy's
+multithreaded calls, and ioaware cannot stop them): per call, how many ran beside them, the median and spread of the
+others, and the ratio of the two medians; the summary gives the share of ioaware's samples beside them and the widest
+spread apart from them (``worst_apart_p90/median``).
+
 Beside the calls, five controls give the spread that the machine itself adds (``stall_probe._controls``): at the
 dense prefill's length, multiply-adds in registers on the calling thread and on the pool, the prefill's blocks on
 arrays of each thread's own on the pool, and the prefill on the calling thread alone; and a read on the pool of as
@@ -49,7 +55,7 @@ import pytest
 
 from kernels.cpuinfo import cpu_model
 
-from helpers import in_turn, p90, slow_call_causes
+from helpers import in_turn, p90, slow_call_causes, split_by_numpy_pool
 
 ROUNDS = 30
 PROBE = Path(__file__).with_name("stall_probe.py")
@@ -178,6 +184,22 @@ def test_calls_after_pauses(benchmark, record, tmp_path):
                 "cpu": f"{cpu_model()} x{os.cpu_count()}"})
 
 
+APART_LEAST = 10  # samples apart from NumPy's BLAS workers, at least, for a call's spread apart from them
+SPLIT_LEAST = 5  # samples on each side, at least, for the ratio of a call's medians beside and apart
+
+
+def _apart_fields(beside, apart):
+    """A call's median and spread apart from NumPy's BLAS workers, and its median beside over apart, where there
+    are samples enough."""
+    fields = {}
+    if len(apart) >= APART_LEAST:
+        fields.update({"apart_median_ms": f"{statistics.median(apart) * 1e3:.3f}",
+                       "apart_p90/median": f"{p90(apart) / statistics.median(apart):.2f}"})
+    if min(len(beside), len(apart)) >= SPLIT_LEAST:
+        fields["beside/apart_median"] = f"{statistics.median(beside) / statistics.median(apart):.2f}"
+    return fields
+
+
 TRACE = Path(__file__).with_name("prefill_trace.py")
 TRACE_ROUNDS = 60
 
@@ -219,11 +241,16 @@ def test_stalls(benchmark, record, tmp_path, option):
     ours = [name for name in samples if not name.startswith((*PEERS, CONTROLS))]  # the target is ioaware's calls'
     worst = max(ours, key=spread)
     worst_peer = max((name for name in samples if name.startswith(PEERS)), key=spread)
+    beside, apart = split_by_numpy_pool(samples, result["numpy_pool"]["cpu_s"])
     for name, xs in samples.items():
         median = statistics.median(xs)
         record({"bench": "stalls", "option": option, "call": name.replace(" ", "_"),
                 "median_ms": f"{median * 1e3:.3f}", "p90_ms": f"{p90(xs) * 1e3:.3f}",
-                "p90/median": f"{p90(xs) / median:.2f}"})
+                "p90/median": f"{p90(xs) / median:.2f}", "beside_numpy": len(beside[name]),
+                **_apart_fields(beside[name], apart[name])})
+    spread_apart = {name: p90(apart[name]) / statistics.median(apart[name]) for name in ours
+                    if len(apart[name]) >= APART_LEAST}
+    worst_apart = max(spread_apart, key=spread_apart.get, default=None)
     # the bound of each round after the other kernels from the read beside it (stall_probe._serve); its median over
     # the rounds
     rates, reads, sustained = result["decode_rounds"]["after_kernels"]
@@ -245,6 +272,11 @@ def test_stalls(benchmark, record, tmp_path, option):
             "worst_call": worst.replace(" ", "_"),
             "worst_p90/median": f"{spread(worst):.2f}",
             "worst_peer": worst_peer.replace(" ", "_"), "worst_peer_p90/median": f"{spread(worst_peer):.2f}",
+            # the calls beside NumPy's spinning BLAS workers, and the spread of each call without them
+            "numpy_pool_threads": result["numpy_pool"]["threads"],
+            "share_beside_numpy": f"{sum(len(beside[n]) for n in ours) / sum(len(samples[n]) for n in ours):.2f}",
+            "worst_apart_from_numpy": (worst_apart or "none").replace(" ", "_"),
+            "worst_apart_p90/median": f"{spread_apart[worst_apart]:.2f}" if worst_apart else "n/a",
             **{control_key(name, "_p90/median"): f"{spread(name):.2f}"
                for name in samples if name.startswith(CONTROLS)},
             "int8_over_numpy_gemv_2048": f"{statistics.median(samples['numpy GEMV 2048²']) / gemv[2048]:.2f}",

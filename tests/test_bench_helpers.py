@@ -46,3 +46,15 @@ def test_no_slow_call_gives_no_ratio():
     calls = [_call(0.003, (20e-6, 0.003, 0, 4), (40e-6, 0.003, 1, 4)) for _ in range(10)]
     median, causes, ratio = bench_helpers.slow_call_causes(calls, 1.5)
     assert sum(causes.values()) == 0 and ratio != ratio  # NaN: nothing to compare
+
+
+def test_a_sample_is_beside_numpys_workers_where_they_used_half_a_core_of_it():
+    samples = {"call": [0.010, 0.010, 0.004, 0.002]}
+    pool_cpu_s = {"call": [0.010, 0.0049, 0.002, 0.0]}  # spinning throughout; just under half; exactly half; idle
+    beside, apart = bench_helpers.split_by_numpy_pool(samples, pool_cpu_s)
+    assert beside == {"call": [0.010, 0.004]} and apart == {"call": [0.010, 0.002]}
+
+
+def test_samples_and_cpu_times_must_pair_up():
+    with pytest.raises(ValueError):
+        bench_helpers.split_by_numpy_pool({"call": [0.01, 0.01]}, {"call": [0.0]})
