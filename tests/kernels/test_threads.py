@@ -126,6 +126,21 @@ def test_a_dense_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_th
     assert_close(y, ref, np.float32, scale=np.abs(ref).max())  # a matmul: the tolerance of its largest sum
 
 
+def test_a_dense_prefill_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
+    from kernels import dense
+
+    seen = _threads_inside(monkeypatch, dense, "batched_matmul")
+    x, w = rng.standard_normal((17, 96), dtype=np.float32), rng.standard_normal((80, 96), dtype=np.float32)
+    y = dense.matmul_nt(x, w)  # 17 rows (past the GEMV's 16): 130 560 multiply-adds
+    dense.matmul_nt(rng.standard_normal((256, 576), dtype=np.float32),
+                    rng.standard_normal((1536, 576), dtype=np.float32))  # 2^27.75
+    assert seen == [1, 2]
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert_close(y, ref, np.float32, scale=np.abs(ref).max())
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 0)  # the same product on the pool: the same bits
+    assert np.array_equal(dense.matmul_nt(x, w), y) and seen[-1] == 2
+
+
 def _gemm_module():
     """The module whose ``gemm_i8`` computes an int8 product of activations within ±127 on this target."""
     if int8_api.USE_VNNI:
