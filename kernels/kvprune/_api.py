@@ -12,6 +12,7 @@ from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype, check_int
 from .._common.memory import copy_bytes, ensure_fits
 from .._common.blas import single_threaded_blas
+from .._common.threads import serial_if_small
 from . import _numba_cpu
 
 
@@ -181,10 +182,12 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     qw = np.ascontiguousarray(q_window, dtype=dt)
     kk = np.ascontiguousarray(k, dtype=dt)
     summed = np.empty((B, Hq, N - w), dtype=dt)
-    with single_threaded_blas():
+    with serial_if_small(multiply_adds=B * Hq * w * N * d), single_threaded_blas():  # small: on this thread
         _numba_cpu.window_scores(qw, kk, 1.0 / math.sqrt(d), summed)
     pooled = np.empty_like(summed)
-    _numba_cpu.pool(summed.reshape(B * Hq, N - w), kernel_size, pooling == "max", pooled.reshape(B * Hq, N - w))
+    rows = (B * Hq, N - w)
+    with serial_if_small(elements=summed.size * kernel_size):  # an element pass, kernel_size reads per output
+        _numba_cpu.pool(summed.reshape(rows), kernel_size, pooling == "max", pooled.reshape(rows))
     if gqa == "mean":
         pooled = pooled.reshape(B, Hkv, Hq // Hkv, N - w).mean(axis=2)
     return _check_scores(pooled, dt)
@@ -391,7 +394,7 @@ def _accumulated_scores(q, k, block):
     dt = _compute_dtype(q)
     _ensure_scoring_fits("h2o_scores", (q, k), dt, B * Hq * N, B * k.shape[1] * N, B * Hq, block, N)  # totals; mean
     totals = np.empty((B, Hq, N), dtype=dt)
-    with single_threaded_blas():
+    with serial_if_small(multiply_adds=B * Hq * N * (N + 1) // 2 * d), single_threaded_blas():  # the causal half
         _numba_cpu.accumulated_attention(np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt),
                                          1.0 / math.sqrt(d), block, totals)
     return _check_scores(totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2), dt)

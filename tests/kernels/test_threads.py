@@ -141,6 +141,27 @@ def test_a_dense_prefill_runs_small_products_on_one_thread(rng, monkeypatch, two
     assert np.array_equal(dense.matmul_nt(x, w), y) and seen[-1] == 2
 
 
+def test_kv_pruning_runs_small_scorings_on_one_thread(rng, monkeypatch, two_threads):
+    from kernels import kvprune
+    from kernels.kvprune import _numba_cpu as prune_cpu
+
+    seen = {name: _threads_inside(monkeypatch, prune_cpu, name)
+            for name in ("window_scores", "pool", "accumulated_attention")}
+    q, k = rng.standard_normal((1, 4, 200, 32), dtype=np.float32), rng.standard_normal((1, 2, 200, 32),
+                                                                                      dtype=np.float32)
+    small = kvprune.snapkv_scores(q[:, :, -16:], k), kvprune.h2o_scores(q, k)  # 1.6 M and 2.6 M multiply-adds
+    q_big, k_big = rng.standard_normal((1, 8, 2048, 64), dtype=np.float32), rng.standard_normal((1, 2, 2048, 64),
+                                                                                              dtype=np.float32)
+    kvprune.snapkv_scores(q_big[:, :, -1024:], k_big)  # 2^30 multiply-adds; its pooling 57 344 reads, still small
+    kvprune.h2o_scores(q_big, k_big)  # 2^30
+    assert seen == {"window_scores": [1, 2], "pool": [1, 1], "accumulated_attention": [1, 2]}
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 0)  # the same scorings on the pool: the same bits
+    monkeypatch.setattr(threads, "SERIAL_ELEMENTS", 0)
+    again = kvprune.snapkv_scores(q[:, :, -16:], k), kvprune.h2o_scores(q, k)
+    assert all(np.array_equal(a, b) for a, b in zip(again, small))
+    assert [seen[name][-1] for name in seen] == [2, 2, 2]
+
+
 def _gemm_module():
     """The module whose ``gemm_i8`` computes an int8 product of activations within ±127 on this target."""
     if int8_api.USE_VNNI:
