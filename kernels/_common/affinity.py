@@ -274,3 +274,43 @@ def steer_workers() -> None:
             return
     if _set(state, [worker_mask(own, cpu, len(state.ids)) for own in state.masks]):
         state.cpu = cpu
+
+
+# -- cores held by the process's other threads (``threads.serial_if_small``) ---------------------------------------
+def _running(tid) -> bool:
+    """Whether the thread ``tid`` of this process is running or waiting for a core: state R in the field after its
+    name in /proc/self/task/<tid>/stat (proc(5)); False where it ended since."""
+    try:
+        fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        stat = os.read(fd, 512)
+    finally:
+        os.close(fd)
+    end = stat.rfind(b")")  # the name, in parentheses, may hold any byte
+    return end >= 0 and stat[end + 2:end + 3] == b"R"
+
+
+def cores_held() -> int | None:
+    """How many of the process's other threads (not this one, not its workers) are running or waiting for a core at
+    this moment (``_running``). A spinning pool's thread is, whether on a core of its own or queued behind this
+    thread; a sleeping one is not. None where it cannot tell: not Linux, no pool, or the workers' ids unknown (a
+    worker still leaving the last region would count). About 3 us a thread: the listing and one read each."""
+    if not SUPPORTED:
+        return None
+    state = _workers
+    threads = _pool_size()
+    if threads < 2:
+        return None
+    if state.threads != threads or state.pid != os.getpid():
+        _read(state, threads)
+    if not state.ids:
+        return None
+    try:
+        names = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    skip = {threading.get_native_id(), *state.ids}
+    return sum(1 for name in names if int(name) not in skip and _running(name))
+

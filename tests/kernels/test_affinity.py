@@ -9,6 +9,7 @@ import time
 import numba
 import numpy as np
 import pytest
+from numba import njit
 
 from kernels._common import affinity, blas, threads
 
@@ -198,6 +199,7 @@ def test_the_launchers_steer_before_their_regions(rng, monkeypatch):
     """batched_matmul (through single_threaded_blas) and a call that serial_if_small leaves on the pool steer; a
     small call, which runs on the calling thread, does not."""
     calls = []
+    monkeypatch.setattr(affinity, "cores_held", lambda: 0)  # no other pool's thread spinning: the pool runs
     monkeypatch.setattr(blas, "steer_workers", lambda: calls.append("blas"))
     monkeypatch.setattr(affinity, "steer_workers", lambda: calls.append("pool"))
     a = rng.standard_normal((1, 8, 4), dtype=np.float32)
@@ -234,3 +236,80 @@ def test_ids_read_in_another_process_are_read_again(pool_of_two, monkeypatch):
     affinity._workers.pid, affinity._workers.ids, affinity._workers.cpu = -1, (2**31 - 1,), -1
     _steer_after_a_quiet_pause()
     assert affinity._workers.ids == real and affinity._workers.pid == os.getpid()
+
+
+# -- cores held by other threads ------------------------------------------------------------------------------------
+@njit(nogil=True, cache=True)
+def _spin(n):
+    """A loop of ``n`` dependent steps without the GIL: a thread that holds its core, as a spinning pool's does."""
+    x = 0.5
+    for _ in range(n):
+        x = x * 0.999 + 0.001
+    return x
+
+
+LOOKS = 10  # looks 10 ms apart: a thread kept off the cores at one look by another process is seen at another
+
+
+@needs_steering
+@pytest.mark.alone
+def test_a_running_thread_holds_a_core_and_a_sleeping_one_does_not(pool_of_two):
+    time.sleep(SETTLE_S)
+    _spin(10)  # compiled
+    sleeper = threading.Thread(target=time.sleep, args=(1.0,))
+    sleeper.start()
+    assert affinity.cores_held() == 0  # the sleeper, NumPy's pool at rest, the workers between regions
+    started = threading.Event()
+
+    def spin():
+        started.set()
+        _spin(10**9)  # about a second
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    started.wait()
+    try:
+        seen = []
+        for _ in range(LOOKS):
+            time.sleep(0.01)
+            seen.append(affinity.cores_held())
+        assert max(seen) == 1
+    finally:
+        spinner.join()
+        sleeper.join()
+
+
+@needs_steering
+def test_the_caller_and_its_workers_are_not_held_cores(pool_of_two, monkeypatch):
+    """Every thread made up to be running: every other thread of the process counts, the caller and its workers (a
+    worker may still be leaving the last region) do not."""
+    affinity.steering()  # the workers' ids read
+    state = affinity._workers
+    looked = []
+    monkeypatch.setattr(affinity, "_running", lambda tid: looked.append(int(tid)) or True)
+    held = affinity.cores_held()
+    assert state.ids and not set(looked) & {threading.get_native_id(), *state.ids}
+    assert held == len(looked) == len(os.listdir("/proc/self/task")) - 1 - len(state.ids)
+
+
+@pytest.mark.skipif(not affinity.SUPPORTED, reason="reads Linux's /proc/self/task")
+def test_a_threads_state_is_read_after_its_name():
+    """A name with a parenthesis and an R in it (any byte may be in a thread's name) does not make a sleeping thread
+    running."""
+    me = threading.get_native_id()
+    comm = f"/proc/self/task/{me}/comm"
+    original = open(comm).read().rstrip("\n")
+    with open(comm, "w") as f:
+        f.write("x) R (y")
+    try:
+        sleeper = threading.Thread(target=time.sleep, args=(0.5,))  # Linux gives it its starter's name
+        sleeper.start()
+        time.sleep(0.05)
+        assert ") R (" in open(f"/proc/self/task/{sleeper.native_id}/stat").read()
+        assert not affinity._running(sleeper.native_id)
+        assert affinity._running(me)  # this thread, reading its own state
+        sleeper.join()
+    finally:
+        with open(comm, "w") as f:
+            f.write(original)
+

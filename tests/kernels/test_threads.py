@@ -64,10 +64,14 @@ def test_multiply_adds_count_the_pairs_a_query_sees(nq, nk, causal):
 
 
 @pytest.fixture
-def two_threads():
-    """Numba's pool at 2 threads for the test, restored after it."""
+def two_threads(monkeypatch):
+    """Numba's pool at 2 threads for the test, restored after it, and no core held by other threads (NumPy's pool
+    spins after the tests' own products: ``serial_if_small`` would then keep every call on the calling thread)."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs a pool of 2 threads or more")
+    from kernels._common import affinity
+
+    monkeypatch.setattr(affinity, "cores_held", lambda: 0)
     with numba_threads(2):
         yield
 
@@ -293,3 +297,33 @@ def test_the_pause_finds_a_spinning_pool():
                          check=True, timeout=300).stdout.split()
     assert out[0].startswith("OMP_WAIT_POLICY=ACTIVE")
     assert float(out[-1]) > IDLE_SHARE  # a worker spinning through the pause (a core's whole share where it had one)
+
+
+@pytest.mark.parametrize("held, switch, threads_inside", [
+    ("all", True, 1),  # every core but the caller's held: on the calling thread
+    ("all", False, 2),  # the rule switched off: the workers share them
+    ("some", True, 2),  # a core free (or none held where there is one core)
+    ("unknown", True, 2),  # cannot tell (not Linux, the workers unknown)
+])
+def test_a_call_beside_held_cores_runs_on_the_calling_thread(monkeypatch, two_threads, held, switch, threads_inside):
+    from kernels._common import affinity
+
+    cores = len(os.sched_getaffinity(0))
+    answer = {"all": max(1, cores - 1), "some": max(0, cores - 2), "unknown": None}[held]
+    monkeypatch.setattr(affinity, "cores_held", lambda: answer)
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", switch)
+    with threads.serial_if_small(multiply_adds=2**40):  # however large
+        assert numba.get_num_threads() == threads_inside
+    assert numba.get_num_threads() == 2
+
+
+def test_a_call_beside_held_cores_gives_the_same_bits(rng, monkeypatch, two_threads):
+    from kernels import dense
+    from kernels._common import affinity
+
+    x, w = rng.standard_normal((256, 576), dtype=np.float32), rng.standard_normal((1536, 576), dtype=np.float32)
+    seen = _threads_inside(monkeypatch, dense, "batched_matmul")
+    on_the_pool = dense.matmul_nt(x, w)
+    monkeypatch.setattr(affinity, "cores_held", lambda: max(1, len(os.sched_getaffinity(0)) - 1))
+    assert np.array_equal(dense.matmul_nt(x, w), on_the_pool) and seen == [2, 1]
+
