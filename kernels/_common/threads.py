@@ -12,9 +12,8 @@ call wakes one pool, and when it returns that pool's threads sleep at once:
 - Before a region, while no other pool's threads run, the workers' affinity leaves out the CPU of the thread that
   launches it (``affinity.py``, Linux): a VM's guest kernel may otherwise wake a sleeping worker on that very CPU,
   where it waits for the caller.
-- A small call runs on the calling thread alone, and so does any call while the process's other threads (another
-  pool's, spinning after its own call) hold every core but the caller's: no worker shares a core with them
-  (``serial_if_small``, below).
+- A small call runs on the calling thread alone (``serial_if_small``, below); with an option, so does any call while
+  the process's other threads (another pool's, spinning after its own call) hold every core but the caller's.
 
 Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
 default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits
@@ -116,23 +115,26 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # quantize_vectorwise 128x1024 (131 k elements): alone 0.19 ms on two threads, 0.12 ms on one.
 
 
-# -- calls beside held cores ---------------------------------------------------------------------------------------
+# -- calls beside held cores (an option, off by default) ------------------------------------------------------------
 # Where the process's other threads hold every core but the caller's (NumPy's OpenBLAS workers poll for ~0.1 s after
 # each of its multithreaded calls), a worker woken beside one of them shares its core, and the scheduler's balancing
 # then tends to move the spinning thread onto the caller's core (two tasks on one core against one on the other),
 # where the two share it in ticks: traced in the stall benchmark's rounds on the 2-vCPU Xeon, a single-threaded
 # element pass of the standard algorithm took 4.0 ms longer (one 4 ms tick) with NumPy's worker running on the
-# caller's vCPU, the vCPU the region's worker had used idle meanwhile; NumPy's own next product met the same. So
-# while those threads hold the other cores, a call of any size runs on the calling thread alone. Measured, stall
-# benchmark on that Xeon, three fresh processes each way in turn (median ms / p90 over median, ~85% of the samples
-# beside NumPy's spinning workers): the standard algorithm N=512 10.0-10.1 / 1.33-1.45 sharing, 10.8-11.0 /
-# 1.03-1.04 on the calling thread; flash N=2048 causal 38.2-39.6 / 1.19-1.24 and 48.0-49.5 / 1.09-1.11;
-# Int8Linear 4096² 1.35-1.44 / 1.05-1.09 and 1.56-1.75 / 1.03-1.05; h2o N=1024 22.4-23.9 / 1.04-1.17 and 26.0-26.5 /
-# 1.02-1.03; NumPy's sgemm 1024³ between them 6.2-6.8 / 1.92-2.24 and 6.6-6.8 / 1.05-1.06; ioaware's widest spread
-# 1.33-1.45 and 1.13-1.41. A call thus takes up to ~1.3x as long within NumPy's ~0.1 s (none without it:
-# OPENBLAS_THREAD_TIMEOUT, README), and no call or product around it stalls for a tick.
-HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "0" when kernels is imported: the workers share the held cores instead
-SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "1") != "0"
+# caller's vCPU, the vCPU the region's worker had used idle meanwhile; NumPy's own next product met the same. With
+# IOAWARE_SERIAL_WHEN_HELD=1, while those threads hold the other cores a call of any size runs on the calling thread
+# alone. Measured on that Xeon, stall rounds without the decode part, three fresh processes each way in turn (median
+# ms / p90 over median, ~85% of the samples beside NumPy's polling workers), sharing against the option: the
+# standard algorithm N=512 10.0-10.1 / 1.33-1.45 and 10.8-11.0 / 1.03-1.04; flash N=2048 causal 38.2-39.6 /
+# 1.19-1.24 and 48.0-49.5 / 1.09-1.11; Int8Linear 4096² 1.35-1.44 / 1.05-1.09 and 1.56-1.75 / 1.03-1.05; NumPy's
+# sgemm 1024³ between them 6.2-6.8 / 1.92-2.24 and 6.6-6.8 / 1.05-1.06. But a long call that starts as NumPy's
+# workers are about to sleep runs alone throughout: in the stall benchmark itself (three runs with the option, two
+# without) h2o N=1024 ran on one thread in a few rounds and twice as long, p90/median 1.64-1.68, where sharing gave
+# ioaware's widest spread 1.34 and 1.50 (five runs of the design without the option earlier that day: 1.28-1.50).
+# Calls within NumPy's window also take up to ~1.3x as long. So the default shares, and the option is there for a
+# program that mixes many NumPy products with ioaware calls and minds their spread more than their time.
+HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "1" when kernels is imported: the option above
+SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "0") == "1"
 
 
 def _cores_held() -> bool:
@@ -146,9 +148,9 @@ def _cores_held() -> bool:
 
 def serial_if_small(multiply_adds: float = 0, elements: float = 0):
     """A context in which Numba's parallel loops run on the calling thread alone when the call's work is below
-    both thresholds above (``multiply_adds`` of its products, ``elements`` of its element passes), or while the
-    process's other threads hold every other core (above); otherwise on the pool as set. The thread count is Numba's
-    per-thread setting, so other Python threads are not affected."""
+    both thresholds above (``multiply_adds`` of its products, ``elements`` of its element passes), or, with
+    SERIAL_WHEN_HELD, while the process's other threads hold every other core (above); otherwise on the pool as
+    set. The thread count is Numba's per-thread setting, so other Python threads are not affected."""
     small = multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS
     if small or (SERIAL_WHEN_HELD and _cores_held()):
         return _OnOneThread()

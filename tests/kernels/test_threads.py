@@ -65,8 +65,9 @@ def test_multiply_adds_count_the_pairs_a_query_sees(nq, nk, causal):
 
 @pytest.fixture
 def two_threads(monkeypatch):
-    """Numba's pool at 2 threads for the test, restored after it, and no core held by other threads (NumPy's pool
-    spins after the tests' own products: ``serial_if_small`` would then keep every call on the calling thread)."""
+    """Numba's pool at 2 threads for the test, restored after it, and no core held by other threads (under
+    IOAWARE_SERIAL_WHEN_HELD=1, NumPy's pool polling after the tests' own products would keep the calls on the
+    calling thread)."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs a pool of 2 threads or more")
     from kernels._common import affinity
@@ -301,7 +302,7 @@ def test_the_pause_finds_a_spinning_pool():
 
 @pytest.mark.parametrize("held, switch, threads_inside", [
     ("all", True, 1),  # every core but the caller's held: on the calling thread
-    ("all", False, 2),  # the rule switched off: the workers share them
+    ("all", False, 2),  # the option off (the default): the workers share them
     ("some", True, 2),  # a core free (or none held where there is one core)
     ("unknown", True, 2),  # cannot tell (not Linux, the workers unknown)
 ])
@@ -325,5 +326,6 @@ def test_a_call_beside_held_cores_gives_the_same_bits(rng, monkeypatch, two_thre
     seen = _threads_inside(monkeypatch, dense, "batched_matmul")
     on_the_pool = dense.matmul_nt(x, w)
     monkeypatch.setattr(affinity, "cores_held", lambda: max(1, len(os.sched_getaffinity(0)) - 1))
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", True)
     assert np.array_equal(dense.matmul_nt(x, w), on_the_pool) and seen == [2, 1]
 
