@@ -97,6 +97,7 @@ def machine_section(ctx: RunContext) -> Section:
             {"property": "threading_layer", "value": pool["threading_layer"]},
             {"property": "wait_policy", "value": pool["wait_policy"]},
             {"property": "steer_workers", "value": pool["steer_workers"]},
+            {"property": "serial_when_held", "value": pool["serial_when_held"]},
             {"property": "int8_products", "value": int8.product_path()}]
     rows += [{"property": f"{level}_bytes", "value": size} for level, size in sorted(cache_sizes().items())]
     rows += [{"property": "dram_triad_gb_per_s", "value": f"{cpu.hbm_bandwidth / 1e9:.1f}"},

@@ -75,6 +75,7 @@ def test_quick_report_is_complete_and_consistent(tmp_path, tiny_sizes, cpu_spec,
         assert width >= 300 and height >= 200 and png.stat().st_size > 10_000
     machine = {r["property"]: r["value"] for r in read_csv(out / "machine.csv")}
     assert machine["int8_products"] == int8.product_path()  # which instructions the int8 rows were measured on
+    assert machine["serial_when_held"] == str(kernels.pool_info()["serial_when_held"])  # the threading option
     rows = read_csv(out / "attention_cpu.csv")
     assert {(r["algorithm"], r["causal"], r["n"]) for r in rows} == {
         (a, c, n) for a in ("standard", "flash") for c in ("False", "True") for n in ("64", "512")}
