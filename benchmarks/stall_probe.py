@@ -38,7 +38,9 @@ def _other_threads():
 
 
 NUMPY_POOL = _other_threads()  # the threads that importing NumPy started: its BLAS's workers (OpenBLAS starts them
-# as it loads; Numba's pool and torch's start later, at their first parallel calls)
+# as it loads; Numba's pool and torch's start later, at their first parallel calls). Read as this module is imported,
+# which in the probe's own process is before anything else has started threads; in a process that imports it later
+# (``prefill_trace.py``), it holds other threads too and is not used there
 
 
 def _cpu_s(tids):

@@ -93,12 +93,13 @@ def matmul_nt(x, w):
     copies = copy_bytes((x, w), np.float32)
     ensure_fits(4 * M * N + copies, f"matmul_nt's ({M}, {N}) float32 result and float32 copies of x, w")
     w = np.ascontiguousarray(w, dtype=np.float32)
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
     with serial_if_small(multiply_adds=M * N * x.shape[1]):  # a small product on the calling thread
         if M > GEMV_ROWS:
-            x32 = np.ascontiguousarray(x, dtype=np.float32)
-            return batched_matmul(x32[None], w[None], transpose_b=True)[0]
-        out = np.empty((M, N), dtype=np.float32)
-        _gemv_nt(np.ascontiguousarray(x, dtype=np.float32), w, out)
+            out = batched_matmul(x32[None], w[None], transpose_b=True)[0]
+        else:
+            out = np.empty((M, N), dtype=np.float32)
+            _gemv_nt(x32, w, out)
     return out
 
 

@@ -279,17 +279,27 @@ def steer_workers() -> None:
 # -- cores held by the process's other threads (``threads.serial_if_small``) ---------------------------------------
 def _running(tid) -> bool:
     """Whether the thread ``tid`` of this process is running or waiting for a core: state R in the field after its
-    name in /proc/self/task/<tid>/stat (proc(5)); False where it ended since."""
+    name in /proc/self/task/<tid>/stat (proc(5)); False where it ended since (before the open or the read)."""
     try:
         fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
     except OSError:
         return False
     try:
         stat = os.read(fd, 512)
+    except OSError:  # ProcessLookupError: it ended between the open and the read
+        return False
     finally:
         os.close(fd)
     end = stat.rfind(b")")  # the name, in parentheses, may hold any byte
     return end >= 0 and stat[end + 2:end + 3] == b"R"
+
+
+def pool_cpu_count() -> int:
+    """The CPUs this thread's pool may run on: the caller's and its workers' own affinities together (Linux), else
+    ``os.cpu_count()``."""
+    if not SUPPORTED:
+        return os.cpu_count() or 1
+    return len(set(os.sched_getaffinity(0)).union(*_workers.masks))
 
 
 def cores_held() -> int | None:
@@ -303,7 +313,7 @@ def cores_held() -> int | None:
     threads = _pool_size()
     if threads < 2:
         return None
-    if state.threads != threads or state.pid != os.getpid():
+    if state.threads != threads or state.pid != os.getpid() or not _alive(state.ids):  # as ``steer_workers``
         _read(state, threads)
     if not state.ids:
         return None
@@ -313,4 +323,3 @@ def cores_held() -> int | None:
         return None
     skip = {threading.get_native_id(), *state.ids}
     return sum(1 for name in names if int(name) not in skip and _running(name))
-

@@ -96,10 +96,11 @@ def pool_info() -> dict:
     configure_pool()
     import numba
 
-    from .affinity import steering
+    from .affinity import SUPPORTED, steering
 
     return {"threading_layer": _state["layer"], "threads": numba.get_num_threads(),
-            "wait_policy": _state["wait_policy"], "steer_workers": steering(), "serial_when_held": SERIAL_WHEN_HELD}
+            "wait_policy": _state["wait_policy"], "steer_workers": steering(),
+            "serial_when_held": SERIAL_WHEN_HELD and SUPPORTED}
 
 
 # -- small calls on the calling thread ------------------------------------------------------------------------------
@@ -118,32 +119,24 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # -- calls beside held cores (an option, off by default) ------------------------------------------------------------
 # Where the process's other threads hold every core but the caller's (NumPy's OpenBLAS workers poll for ~0.1 s after
 # each of its multithreaded calls), a worker woken beside one of them shares its core, and the scheduler's balancing
-# then tends to move the spinning thread onto the caller's core (two tasks on one core against one on the other),
-# where the two share it in ticks: traced in the stall benchmark's rounds on the 2-vCPU Xeon, a single-threaded
-# element pass of the standard algorithm took 4.0 ms longer (one 4 ms tick) with NumPy's worker running on the
-# caller's vCPU, the vCPU the region's worker had used idle meanwhile; NumPy's own next product met the same. With
-# IOAWARE_SERIAL_WHEN_HELD=1, while those threads hold the other cores a call of any size runs on the calling thread
-# alone. Measured on that Xeon, stall rounds without the decode part, three fresh processes each way in turn (median
-# ms / p90 over median, ~85% of the samples beside NumPy's polling workers), sharing against the option: the
-# standard algorithm N=512 10.0-10.1 / 1.33-1.45 and 10.8-11.0 / 1.03-1.04; flash N=2048 causal 38.2-39.6 /
-# 1.19-1.24 and 48.0-49.5 / 1.09-1.11; Int8Linear 4096² 1.35-1.44 / 1.05-1.09 and 1.56-1.75 / 1.03-1.05; NumPy's
-# sgemm 1024³ between them 6.2-6.8 / 1.92-2.24 and 6.6-6.8 / 1.05-1.06. But a long call that starts as NumPy's
-# workers are about to sleep runs alone throughout: in the stall benchmark itself (three runs with the option, two
-# without) h2o N=1024 ran on one thread in a few rounds and twice as long, p90/median 1.64-1.68, where sharing gave
-# ioaware's widest spread 1.34 and 1.50 (five runs of the design without the option earlier that day: 1.28-1.50).
-# Calls within NumPy's window also take up to ~1.3x as long. So the default shares, and the option is there for a
-# program that mixes many NumPy products with ioaware calls and minds their spread more than their time.
+# then tends to move the polling thread onto the caller's core, where the two take turns in 4 ms ticks (traced in
+# the stall benchmark's rounds on a 2-vCPU Xeon: an element pass on the calling thread 4.0 ms longer, the other vCPU
+# idle). With IOAWARE_SERIAL_WHEN_HELD=1 a call of any size then runs on the calling thread alone: on that Xeon the
+# standard algorithm at N=512 went from p90/median 1.33-1.45 to 1.03-1.04 and NumPy's sgemm between the calls from
+# 1.92-2.24 to 1.05-1.06, at up to ~1.3x the medians within NumPy's window; but a long call that starts just before
+# NumPy's workers sleep runs alone throughout (h2o N=1024 twice as long in a few rounds: the stall benchmark's worst
+# p90/median 1.30-1.68 in four runs, 1.28-1.50 in five without). Hence off by default; README, "Threads".
 HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "1" when kernels is imported: the option above
 SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "0") == "1"
 
 
 def _cores_held() -> bool:
-    """Whether the process's other threads hold every core this process may use but the caller's, and one at least
-    (``affinity.cores_held``; no where it cannot tell)."""
-    from .affinity import cores_held
+    """Whether the process's other threads hold every CPU of the pool but the caller's, and one at least
+    (``affinity.cores_held``, ``affinity.pool_cpu_count``); False where it cannot tell."""
+    from .affinity import cores_held, pool_cpu_count
 
     held = cores_held()
-    return held is not None and held >= max(1, len(os.sched_getaffinity(0)) - 1)
+    return held is not None and held >= max(1, pool_cpu_count() - 1)
 
 
 def serial_if_small(multiply_adds: float = 0, elements: float = 0):

@@ -182,7 +182,9 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     qw = np.ascontiguousarray(q_window, dtype=dt)
     kk = np.ascontiguousarray(k, dtype=dt)
     summed = np.empty((B, Hq, N - w), dtype=dt)
-    with serial_if_small(multiply_adds=B * Hq * w * N * d), single_threaded_blas():  # small: on this thread
+    # small: on this thread. (In this order: with one thread set first, single_threaded_blas's steer of the workers
+    # finds no region of theirs to steer for.)
+    with serial_if_small(multiply_adds=B * Hq * w * N * d), single_threaded_blas():
         _numba_cpu.window_scores(qw, kk, 1.0 / math.sqrt(d), summed)
     pooled = np.empty_like(summed)
     rows = (B * Hq, N - w)
@@ -394,7 +396,9 @@ def _accumulated_scores(q, k, block):
     dt = _compute_dtype(q)
     _ensure_scoring_fits("h2o_scores", (q, k), dt, B * Hq * N, B * k.shape[1] * N, B * Hq, block, N)  # totals; mean
     totals = np.empty((B, Hq, N), dtype=dt)
-    with serial_if_small(multiply_adds=B * Hq * N * (N + 1) // 2 * d), single_threaded_blas():  # the causal half
+    # each block of rows against every key up to its last row's (the kernel's S = Q_b K[:r1]ᵀ); small: on this thread
+    pairs = sum((min(r0 + block, N) - r0) * min(r0 + block, N) for r0 in range(0, N, block))
+    with serial_if_small(multiply_adds=B * Hq * pairs * d), single_threaded_blas():  # (order: as snapkv_scores')
         _numba_cpu.accumulated_attention(np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt),
                                          1.0 / math.sqrt(d), block, totals)
     return _check_scores(totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2), dt)

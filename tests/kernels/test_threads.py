@@ -22,6 +22,14 @@ from kernels.int8 import _api as int8_api
 from tests.helpers import assert_close, numba_threads
 
 
+@pytest.fixture(autouse=True)
+def _no_serial_when_held(monkeypatch):
+    """The tests here count threads with the option IOAWARE_SERIAL_WHEN_HELD off, as it is by default (on, NumPy's
+    pool polling after a test's own products would keep calls on the calling thread); the option's own tests set
+    it."""
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", False)
+
+
 def _threads_inside(monkeypatch, module, name):
     """Wrap module.name so that each call records Numba's thread count at that moment."""
     seen = []
@@ -152,11 +160,11 @@ def test_kv_pruning_runs_small_scorings_on_one_thread(rng, monkeypatch, two_thre
 
     seen = {name: _threads_inside(monkeypatch, prune_cpu, name)
             for name in ("window_scores", "pool", "accumulated_attention")}
-    q, k = rng.standard_normal((1, 4, 200, 32), dtype=np.float32), rng.standard_normal((1, 2, 200, 32),
-                                                                                      dtype=np.float32)
-    small = kvprune.snapkv_scores(q[:, :, -16:], k), kvprune.h2o_scores(q, k)  # 1.6 M and 2.6 M multiply-adds
-    q_big, k_big = rng.standard_normal((1, 8, 2048, 64), dtype=np.float32), rng.standard_normal((1, 2, 2048, 64),
-                                                                                              dtype=np.float32)
+    q = rng.standard_normal((1, 4, 200, 32), dtype=np.float32)
+    k = rng.standard_normal((1, 2, 200, 32), dtype=np.float32)
+    small = kvprune.snapkv_scores(q[:, :, -16:], k), kvprune.h2o_scores(q, k)  # 0.41 M and 3.9 M multiply-adds
+    q_big = rng.standard_normal((1, 8, 2048, 64), dtype=np.float32)
+    k_big = rng.standard_normal((1, 2, 2048, 64), dtype=np.float32)
     kvprune.snapkv_scores(q_big[:, :, -1024:], k_big)  # 2^30 multiply-adds; its pooling 57 344 reads, still small
     kvprune.h2o_scores(q_big, k_big)  # 2^30
     assert seen == {"window_scores": [1, 2], "pool": [1, 1], "accumulated_attention": [1, 2]}
@@ -230,45 +238,58 @@ def _others_cpu_s(pause_s):
     return (time.process_time() - process) - (time.thread_time() - own)
 
 
-POOL_CALLS = ("flash", "standard", "flash decode", "Int8Linear GEMV", "int8_matmul", "quantize_vectorwise",
-              "dense prefill", "snapkv_compress", "h2o")
-
-
-def _pool_calls(rng):
-    """POOL_CALLS' name -> a public call with work enough for the pool (above ``serial_if_small``'s thresholds)."""
+def _pool_call(rng, name):
+    """A public call with work at least twice ``serial_if_small``'s thresholds: on the pool."""
     from kernels import dense, kvprune
 
     def rand(*shape):
         return rng.standard_normal(shape, dtype=np.float32)
 
-    q, q_dec, kv_dec = rand(1, 8, 512, 64), rand(1, 32, 1, 64), rand(1, 8, 16384, 64)
-    x, w, x_wide = rand(128, 1024), rand(1024, 1024), rand(2048, 1024)
-    layer, x_gemv = int8.Int8Linear.from_float(rand(4096, 4096)), rand(1, 4096)
-    x_pre, w_pre = rand(256, 576), rand(1536, 576)
-    q_kv, k_kv = rand(1, 9, 1024, 64), rand(1, 3, 1024, 64)
-    return {"flash": lambda: kernels.attention(q, q, q, causal=True),
-            "standard": lambda: kernels.attention(q, q, q, algorithm="standard"),
-            "flash decode": lambda: kernels.attention(q_dec, kv_dec, kv_dec, causal=True),
-            "Int8Linear GEMV": lambda: layer(x_gemv),
-            "int8_matmul": lambda: int8.int8_matmul(x, w),
-            "quantize_vectorwise": lambda: int8.quantize_vectorwise(x_wide),
-            "dense prefill": lambda: dense.matmul_nt(x_pre, w_pre),
-            "snapkv_compress": lambda: kvprune.snapkv_compress(q_kv, k_kv, k_kv, capacity=256),
-            "h2o": lambda: kvprune.h2o(q_kv, k_kv, k_kv, capacity=256)}
+    if name == "flash" or name == "standard":
+        q = rand(1, 8, 512, 64)  # 2^28 multiply-adds (flash: causal, about half)
+        return lambda: kernels.attention(q, q, q, causal=name == "flash", algorithm=name)
+    if name == "flash decode":
+        q, kv = rand(1, 32, 1, 64), rand(1, 8, 16384, 64)  # 2^26
+        return lambda: kernels.attention(q, kv, kv, causal=True)
+    if name == "Int8Linear GEMV":
+        layer, x = int8.Int8Linear.from_float(rand(4096, 8192)), rand(1, 8192)  # 2^25
+        return lambda: layer(x)
+    if name == "int8_matmul":
+        x, w = rand(128, 1024), rand(1024, 1024)  # 2^27
+        return lambda: int8.int8_matmul(x, w)
+    if name == "quantize_vectorwise":
+        x = rand(4096, 1024)  # 2^22 elements
+        return lambda: int8.quantize_vectorwise(x)
+    if name == "dense prefill":
+        x, w = rand(256, 576), rand(1536, 576)  # 2^27.75
+        return lambda: dense.matmul_nt(x, w)
+    q, k = rand(1, 9, 2048, 64), rand(1, 3, 2048, 64)  # SnapKV's window 2^25.2, H2O's scores 2^30
+    if name == "snapkv_compress":
+        return lambda: kvprune.snapkv_compress(q, k, k, capacity=512)
+    return lambda: kvprune.h2o(q, k, k, capacity=512)
 
 
-@pytest.mark.parametrize("name", POOL_CALLS)
-def test_no_call_leaves_a_thread_running(rng, two_threads, name):
+@pytest.mark.parametrize("name", ["flash", "standard", "flash decode", "Int8Linear GEMV", "int8_matmul",
+                                  "quantize_vectorwise", "dense prefill", "snapkv_compress", "h2o"])
+def test_no_call_leaves_a_thread_running(rng, monkeypatch, two_threads, name):
     """Numba's workers sleep as a call returns (passive waits), and no call wakes a pool of another library (NumPy's
     BLAS spins ~0.1 s after each of its calls): the process's other threads idle in the pause after it."""
     from simulator.measure import settle
 
-    call = _pool_calls(rng)[name]
+    if kernels.pool_info()["wait_policy"] != "PASSIVE":
+        pytest.skip(f"the pool waits as the user set it ({kernels.pool_info()['wait_policy']}), not passively")
+    from kernels._common import affinity
+
+    call = _pool_call(rng, name)
     call()  # compiled and warm
+    on_the_pool = []  # serial_if_small steers the workers where it leaves a pass to the pool
+    steer = affinity.steer_workers
+    monkeypatch.setattr(affinity, "steer_workers", lambda: on_the_pool.append(1) or steer())
     settle(1.0)  # other pools' threads (of tests before this one) at rest
     before = _others_cpu_s(AFTER_S)
     call()
     after = _others_cpu_s(AFTER_S)
+    assert on_the_pool, f"{name} ran on the calling thread alone: no worker to leave running"
     assert before < IDLE_SHARE * AFTER_S, f"the process was not idle before the call: {before * 1e3:.1f} ms of CPU"
     assert after < IDLE_SHARE * AFTER_S, (f"other threads used {after * 1e3:.1f} ms of CPU in the {AFTER_S * 1e3:.0f} "
                                           f"ms after {name}")
@@ -301,16 +322,16 @@ def test_the_pause_finds_a_spinning_pool():
 
 
 @pytest.mark.parametrize("held, switch, threads_inside", [
-    ("all", True, 1),  # every core but the caller's held: on the calling thread
+    ("all", True, 1),  # every CPU of the pool but the caller's held: on the calling thread
     ("all", False, 2),  # the option off (the default): the workers share them
-    ("some", True, 2),  # a core free (or none held where there is one core)
+    ("some", True, 2),  # a CPU free (or none held where the pool has one CPU)
     ("unknown", True, 2),  # cannot tell (not Linux, the workers unknown)
 ])
 def test_a_call_beside_held_cores_runs_on_the_calling_thread(monkeypatch, two_threads, held, switch, threads_inside):
     from kernels._common import affinity
 
-    cores = len(os.sched_getaffinity(0))
-    answer = {"all": max(1, cores - 1), "some": max(0, cores - 2), "unknown": None}[held]
+    cpus = affinity.pool_cpu_count()
+    answer = {"all": max(1, cpus - 1), "some": max(0, cpus - 2), "unknown": None}[held]
     monkeypatch.setattr(affinity, "cores_held", lambda: answer)
     monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", switch)
     with threads.serial_if_small(multiply_adds=2**40):  # however large
@@ -325,7 +346,6 @@ def test_a_call_beside_held_cores_gives_the_same_bits(rng, monkeypatch, two_thre
     x, w = rng.standard_normal((256, 576), dtype=np.float32), rng.standard_normal((1536, 576), dtype=np.float32)
     seen = _threads_inside(monkeypatch, dense, "batched_matmul")
     on_the_pool = dense.matmul_nt(x, w)
-    monkeypatch.setattr(affinity, "cores_held", lambda: max(1, len(os.sched_getaffinity(0)) - 1))
+    monkeypatch.setattr(affinity, "cores_held", lambda: max(1, affinity.pool_cpu_count() - 1))
     monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", True)
     assert np.array_equal(dense.matmul_nt(x, w), on_the_pool) and seen == [2, 1]
-
