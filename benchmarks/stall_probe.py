@@ -3,9 +3,9 @@
 Every public kernel at a small and a large size, called ``--rounds`` times interleaved with NumPy BLAS calls and,
 where torch is importable, torch calls, as user code mixes them, and five controls of the machine's own spread
 (``_controls``); each call's wall time is recorded, and the CPU time that NumPy's BLAS workers used meanwhile
-(``NUMPY_POOL``). With ``--decode``, SmolLM2 is loaded (and its decode step
-compiled) first, and after the interleaved rounds the process serves decode rounds (``_serve``); with
-``--decode-only`` it loads the model and serves them at once: the fresh process whose rate the other's is held to.
+(``NUMPY_POOL``). With ``--decode``, SmolLM2 is loaded (and its decode step compiled) first, and after the
+interleaved rounds the process serves decode rounds (``_serve``); with ``--decode-only`` it loads the model and
+serves them at once: the fresh process whose rate the other's is held to.
 The benchmark asks the two for a round in turn (``test_bench_stalls.run_probe``), so that both see the host's memory
 of the same moment.
 Writes JSON: {"samples_s": {call: [seconds, ...]}, "numpy_pool": {"threads": how many NumPy's BLAS started (Linux),

@@ -182,8 +182,8 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     qw = np.ascontiguousarray(q_window, dtype=dt)
     kk = np.ascontiguousarray(k, dtype=dt)
     summed = np.empty((B, Hq, N - w), dtype=dt)
-    # small: on this thread. (In this order: with one thread set first, single_threaded_blas's steer of the workers
-    # finds no region of theirs to steer for.)
+    # small: on this thread (serial_if_small first: on one thread, single_threaded_blas leaves the workers' affinities
+    # alone)
     with serial_if_small(multiply_adds=B * Hq * w * N * d), single_threaded_blas():
         _numba_cpu.window_scores(qw, kk, 1.0 / math.sqrt(d), summed)
     pooled = np.empty_like(summed)

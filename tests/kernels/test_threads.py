@@ -274,11 +274,11 @@ def _pool_call(rng, name):
 def test_no_call_leaves_a_thread_running(rng, monkeypatch, two_threads, name):
     """Numba's workers sleep as a call returns (passive waits), and no call wakes a pool of another library (NumPy's
     BLAS spins ~0.1 s after each of its calls): the process's other threads idle in the pause after it."""
+    from kernels._common import affinity
     from simulator.measure import settle
 
     if kernels.pool_info()["wait_policy"] != "PASSIVE":
         pytest.skip(f"the pool waits as the user set it ({kernels.pool_info()['wait_policy']}), not passively")
-    from kernels._common import affinity
 
     call = _pool_call(rng, name)
     call()  # compiled and warm
