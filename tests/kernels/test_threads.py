@@ -1,5 +1,6 @@
 """kernels._common.threads: small calls run on the calling thread alone (``serial_if_small``), large ones on the
-pool; the thread count is restored afterwards, and the results do not depend on it."""
+pool; the thread count is restored afterwards, and the results do not depend on it; no call leaves a thread running
+after it returns; with the option IOAWARE_SERIAL_WHEN_HELD, calls beside held cores run on the calling thread."""
 from __future__ import annotations
 
 import os
@@ -72,15 +73,10 @@ def test_multiply_adds_count_the_pairs_a_query_sees(nq, nk, causal):
 
 
 @pytest.fixture
-def two_threads(monkeypatch):
-    """Numba's pool at 2 threads for the test, restored after it, and no core held by other threads (under
-    IOAWARE_SERIAL_WHEN_HELD=1, NumPy's pool polling after the tests' own products would keep the calls on the
-    calling thread)."""
+def two_threads():
+    """Numba's pool at 2 threads for the test, restored after it."""
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs a pool of 2 threads or more")
-    from kernels._common import affinity
-
-    monkeypatch.setattr(affinity, "cores_held", lambda: 0)
     with numba_threads(2):
         yield
 
