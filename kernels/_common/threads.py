@@ -125,7 +125,8 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # standard algorithm at N=512 went from p90/median 1.33-1.45 to 1.03-1.04 and NumPy's sgemm between the calls from
 # 1.92-2.24 to 1.05-1.06, at up to ~1.3x the medians within NumPy's window; but a long call that starts just before
 # NumPy's workers sleep runs alone throughout (h2o N=1024 twice as long in a few rounds: the stall benchmark's worst
-# p90/median 1.30-1.68 in four runs, 1.28-1.50 in five without). Hence off by default; README, "Threads".
+# p90/median 1.18-1.68 in five runs, over 1.5 in three; 1.28-3.26 in sixteen without, over 1.5 in eight). Hence off
+# by default; README, "Threads".
 HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "1" when kernels is imported: the option above
 SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "0") == "1"
 
