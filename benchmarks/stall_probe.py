@@ -44,12 +44,14 @@ NUMPY_POOL = _other_threads()  # the threads that importing NumPy started: its B
 
 
 def _cpu_s(tids):
-    """The CPU seconds the threads ``tids`` have used (each one's own clock, read as kernels/_common/affinity.py
-    reads its workers')."""
+    """The CPU seconds the threads ``tids`` have used (each one's own clock, ``affinity.thread_cpu_s``; imported
+    here, not above: importing kernels starts Numba's pool, whose threads NUMPY_POOL must not hold)."""
+    from kernels._common.affinity import thread_cpu_s
+
     total = 0.0
     for tid in tids:
         try:
-            total += time.clock_gettime((~tid << 3) | 6)  # Linux's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+            total += thread_cpu_s(tid)
         except (OSError, OverflowError):
             pass
     return total

@@ -192,13 +192,13 @@ APART_LEAST = 10  # samples apart from NumPy's BLAS workers, at least, for a cal
 SPLIT_LEAST = 5  # samples on each side, at least, for the ratio of a call's medians beside and apart
 
 
-def _apart_fields(beside, apart):
-    """A call's median and spread apart from NumPy's BLAS workers, and its median beside over apart, where there
-    are samples enough."""
+def _apart_fields(beside, apart, spread_apart):
+    """A call's median and spread (``spread_apart``, None where too few) apart from NumPy's BLAS workers, and its
+    median beside over apart, where there are samples enough."""
     fields = {}
-    if len(apart) >= APART_LEAST:
+    if spread_apart is not None:
         fields.update({"apart_median_ms": f"{statistics.median(apart) * 1e3:.3f}",
-                       "apart_p90/median": f"{p90(apart) / statistics.median(apart):.2f}"})
+                       "apart_p90/median": f"{spread_apart:.2f}"})
     if min(len(beside), len(apart)) >= SPLIT_LEAST:
         fields["beside/apart_median"] = f"{statistics.median(beside) / statistics.median(apart):.2f}"
     return fields
@@ -246,15 +246,14 @@ def test_stalls(benchmark, record, tmp_path, option):
     worst = max(ours, key=spread)
     worst_peer = max((name for name in samples if name.startswith(PEERS)), key=spread)
     beside, apart = split_by_numpy_pool(samples, result["numpy_pool"]["cpu_s"])
+    spread_apart = {name: p90(xs) / statistics.median(xs) for name, xs in apart.items() if len(xs) >= APART_LEAST}
     for name, xs in samples.items():
         median = statistics.median(xs)
         record({"bench": "stalls", "option": option, "call": name.replace(" ", "_"),
                 "median_ms": f"{median * 1e3:.3f}", "p90_ms": f"{p90(xs) * 1e3:.3f}",
                 "p90/median": f"{p90(xs) / median:.2f}", "beside_numpy": len(beside[name]),
-                **_apart_fields(beside[name], apart[name])})
-    spread_apart = {name: p90(apart[name]) / statistics.median(apart[name]) for name in ours
-                    if len(apart[name]) >= APART_LEAST}
-    worst_apart = max(spread_apart, key=spread_apart.get, default=None)
+                **_apart_fields(beside[name], apart[name], spread_apart.get(name))})
+    worst_apart = max((name for name in ours if name in spread_apart), key=spread_apart.get, default=None)
     # the bound of each round after the other kernels from the read beside it (stall_probe._serve); its median over
     # the rounds
     rates, reads, sustained = result["decode_rounds"]["after_kernels"]

@@ -206,14 +206,20 @@ def _restore(state) -> None:
         state.cpu = -1
 
 
+def thread_cpu_s(tid: int) -> float:
+    """The CPU seconds thread ``tid`` of this process has used: its own CPU clock, ``clock_gettime`` of Linux's
+    MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED) (include/linux/posix-timers.h), ~0.7-0.9 us, a system call. Raises
+    OSError for a thread gone (OverflowError for an id out of range)."""
+    return time.clock_gettime((~tid << 3) | 6)
+
+
 def _others_cpu_s(state) -> float:
-    """CPU seconds of the process's threads other than this one and its workers (each thread's own CPU clock,
-    ``clock_gettime`` of its thread id: Linux's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED), include/linux/posix-timers.h;
-    ~0.7-0.9 us each, system calls)."""
+    """CPU seconds of the process's threads other than this one and its workers (each worker's ``thread_cpu_s``
+    taken from the process's clock)."""
     own = time.process_time() - time.thread_time()
     for tid in state.ids:
         try:
-            own -= time.clock_gettime((~tid << 3) | 6)
+            own -= thread_cpu_s(tid)
         except (OSError, OverflowError):  # gone since (its time stays in the process's: one busy answer), or no id
             pass
     return own
