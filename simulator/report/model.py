@@ -123,6 +123,9 @@ def decode_token_parts(model, rates, context) -> dict:
     fixed_s."""
     import numba
 
+    from kernels._common.affinity import pool_cpu_count
+
+    threads = min(numba.get_num_threads(), pool_cpu_count())  # threads that run at once: no more than the CPUs
     step = model._one_region_step()
     if step is None:
         raise ValueError("only a model that decodes in one parallel region (float32, or int8 weights only) is "
@@ -136,7 +139,7 @@ def decode_token_parts(model, rates, context) -> dict:
         return nbytes / (rates.step_int8_dram if int8 else rates.step_fp32_dram)
 
     return {"streaming_s": stream(block_bytes, int8_blocks) + stream(head_bytes, int8_head),
-            "outliers_s": step.outlier_products * rates.step_outlier_s / numba.get_num_threads(),
+            "outliers_s": step.outlier_products * rates.step_outlier_s / threads,
             "fixed_s": step.fixed_seconds(context)}
 
 

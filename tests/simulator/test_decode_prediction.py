@@ -72,6 +72,18 @@ def test_the_prediction_counts_the_outliers_and_the_fixed_part(gguf_path):
     assert decode_token_parts(model, rates, 1000)["fixed_s"] > parts["fixed_s"] + 0.2e-3
 
 
+def test_the_outliers_are_shared_by_no_more_threads_than_cpus(gguf_path, monkeypatch):
+    """With more threads than CPUs (NUMBA_NUM_THREADS=3 on two), the outliers' products run on the CPUs there are."""
+    from kernels._common import affinity
+
+    model = SmolLM2(gguf_path, linear="int8", quantize_lm_head=True)
+    model.generate(model.encode(PROMPT), 4)
+    rates = SimpleNamespace(step_fp32_dram=1e10, step_int8_dram=1e10, step_outlier_s=1e-9)
+    monkeypatch.setattr(affinity, "pool_cpu_count", lambda: 1)
+    products = model._one_region_step().outlier_products
+    assert decode_token_parts(model, rates, 8)["outliers_s"] == pytest.approx(products * 1e-9)
+
+
 def test_a_model_that_decodes_layer_by_layer_is_not_predicted(gguf_path):
     model = SmolLM2(gguf_path, linear="int8", keep_fp16_weights=True)
     with pytest.raises(ValueError, match="one parallel region"):
