@@ -133,11 +133,17 @@ SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "0") == "1"
 
 def _cores_held() -> bool:
     """Whether the process's other threads hold every CPU of the pool but the caller's, and one at least
-    (``affinity.cores_held``, ``affinity.pool_cpu_count``); False where it cannot tell."""
-    from .affinity import cores_held, pool_cpu_count
+    (``affinity.cores_held``, ``affinity.pool_cpu_count``); False where it cannot tell. The machine's count of
+    runnable threads first (``affinity.runnable_threads``, one read): where it leaves too few beside the caller,
+    no look at each thread (about 3 us a thread: 0.4 ms in a process of 128 threads, measured on a 2-vCPU Xeon)."""
+    from .affinity import cores_held, pool_cpu_count, runnable_threads
 
+    needed = max(1, pool_cpu_count() - 1)
+    runnable = runnable_threads()
+    if runnable is not None and runnable - 1 < needed:
+        return False
     held = cores_held()
-    return held is not None and held >= max(1, pool_cpu_count() - 1)
+    return held is not None and held >= needed
 
 
 def serial_if_small(multiply_adds: float = 0, elements: float = 0):
@@ -148,10 +154,54 @@ def serial_if_small(multiply_adds: float = 0, elements: float = 0):
     small = multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS
     if small or (SERIAL_WHEN_HELD and _cores_held()):
         return _OnOneThread()
+    return _on_the_pool()
+
+
+def _on_the_pool():
     from .affinity import steer_workers
 
     steer_workers()  # the pool runs the call's regions: its workers off this thread's core (affinity.py)
     return contextlib.nullcontext()
+
+
+# A long call that runs alone beside held cores looks again after each part of about this much work (~2 ms on one
+# x86 core at 16 GFLOP/s): NumPy's workers sleep ~0.1 s after its last product, and a call that began just before
+# then runs the rest of its work on the pool instead of alone throughout (``in_parts``).
+PART_MULTIPLY_ADDS = 2**25
+
+
+def in_parts(units: int, unit_multiply_adds: float, run) -> None:
+    """Run a call's work, ``units`` independent units of ``unit_multiply_adds`` each, as ``run(start, stop)`` over
+    unit ranges: the whole range at once on the calling thread when the work is small, or on the pool
+    (``serial_if_small``); but while the option SERIAL_WHEN_HELD finds the other cores held, a part of about
+    PART_MULTIPLY_ADDS at a time on the calling thread, looking again before each next part. ``run(0, units)`` is
+    the one call where nothing is held (the option off: always)."""
+    start = 0
+    while True:
+        if (units - start) * unit_multiply_adds < SERIAL_MULTIPLY_ADDS:
+            with _OnOneThread():
+                run(start, units)
+            return
+        if not (SERIAL_WHEN_HELD and _cores_held()):
+            with _on_the_pool():
+                run(start, units)
+            return
+        stop = min(units, start + max(1, int(PART_MULTIPLY_ADDS // unit_multiply_adds)))
+        with _OnOneThread():
+            run(start, stop)
+        if stop == units:
+            return
+        start = stop
+
+
+def head_groups(start: int, stop: int, kv_heads: int):
+    """The (batch, first kv head, end kv head) ranges of units [start, stop) numbered batch-major over ``kv_heads``
+    kv heads a batch (``in_parts`` over attention's heads: each range a contiguous slice of a C-ordered array)."""
+    while start < stop:
+        b, g0 = divmod(start, kv_heads)
+        g1 = min(kv_heads, g0 + stop - start)
+        yield b, g0, g1
+        start += g1 - g0
 
 
 class _OnOneThread:

@@ -9,7 +9,7 @@ from . import _numba_cpu
 from .._common import gpu as _gpu
 from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
-from .._common.threads import SERIAL_MULTIPLY_ADDS, serial_if_small
+from .._common.threads import SERIAL_MULTIPLY_ADDS, head_groups, in_parts, serial_if_small
 from ._blocks import default_blocks
 from .._common.memory import copy_bytes, ensure_fits
 from ._standard import standard_bytes, standard_forward
@@ -80,6 +80,33 @@ def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=No
     out_elems = B * Hq * Nq * (d + 1)  # o and lse
     split_elems = n_splits * B * Hq * Nq * (d + 2) if n_splits > 1 else 0  # each split's o, m and l
     return (out_elems + split_elems + _workers(threads, tasks) * task_elems) * elem_bytes
+
+
+def _in_parts(q, k, v, scale, causal, algorithm, block_q, block_k):
+    """(o, lse) of ``algorithm`` over the (batch, kv head) units of q, k, v as ``threads.in_parts`` runs them: in one
+    call (on this thread when small: ``call_threads``), or beside held cores in parts of a few kv heads each."""
+    def forward(q, k, v):
+        if algorithm == "standard":
+            return standard_forward(q, k, v, scale, causal)
+        return _flash(q, k, v, scale, causal, block_q, block_k)
+
+    B, Hq, Hkv = q.shape[0], q.shape[1], k.shape[1]
+    units, group = B * Hkv, Hq // max(Hkv, 1)
+    out = []
+
+    def run(start, stop):
+        if (start, stop) == (0, units):
+            out.extend(forward(q, k, v))
+            return
+        for b, g0, g1 in head_groups(start, stop, Hkv):
+            heads = slice(g0 * group, g1 * group)
+            o, lse = forward(q[b:b + 1, heads], k[b:b + 1, g0:g1], v[b:b + 1, g0:g1])
+            if not out:
+                out.extend((np.empty(q.shape, o.dtype), np.empty(q.shape[:3], lse.dtype)))
+            out[0][b, heads], out[1][b, heads] = o[0], lse[0]
+
+    in_parts(units, multiply_adds(q.shape, k.shape, causal) / max(units, 1), run)
+    return out[0], out[1]
 
 
 def _workers(threads, tasks):
@@ -282,11 +309,7 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     _ensure_copies_fit(q, k, v, algorithm, bool(causal), block_q, block_k)
     q4, k4, v4 = as_compute_4d(q, k, v)
     shape = q.shape
-    with serial_if_small(multiply_adds(q4.shape, k4.shape, bool(causal))):  # small: on this thread (call_threads)
-        if algorithm == "standard":
-            o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
-        else:
-            o, lse = _flash(q4, k4, v4, scale, bool(causal), block_q, block_k)
+    o, lse = _in_parts(q4, k4, v4, scale, bool(causal), algorithm, block_q, block_k)  # small: on this thread
     o = o.reshape(shape).astype(q.dtype, copy=False)
     if return_lse:
         return o, lse.reshape(shape[:-1])

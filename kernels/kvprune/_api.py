@@ -12,7 +12,7 @@ from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype, check_int
 from .._common.memory import copy_bytes, ensure_fits
 from .._common.blas import single_threaded_blas
-from .._common.threads import serial_if_small
+from .._common.threads import head_groups, in_parts, serial_if_small
 from . import _numba_cpu
 
 
@@ -182,10 +182,8 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     qw = np.ascontiguousarray(q_window, dtype=dt)
     kk = np.ascontiguousarray(k, dtype=dt)
     summed = np.empty((B, Hq, N - w), dtype=dt)
-    # small: on this thread (serial_if_small first: on one thread, single_threaded_blas leaves the workers' affinities
-    # alone)
-    with serial_if_small(multiply_adds=B * Hq * w * N * d), single_threaded_blas():
-        _numba_cpu.window_scores(qw, kk, 1.0 / math.sqrt(d), summed)
+    # small: on this thread; beside held cores in parts (threads.in_parts)
+    _by_kv_heads(_numba_cpu.window_scores, qw, kk, 1.0 / math.sqrt(d), summed, head_multiply_adds=w * N * d)
     pooled = np.empty_like(summed)
     rows = (B * Hq, N - w)
     with serial_if_small(elements=summed.size * kernel_size):  # an element pass, kernel_size reads per output
@@ -193,6 +191,26 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
     if gqa == "mean":
         pooled = pooled.reshape(B, Hkv, Hq // Hkv, N - w).mean(axis=2)
     return _check_scores(pooled, dt)
+
+
+def _by_kv_heads(kernel, q, k, scale, out, *, head_multiply_adds):
+    """``kernel(q, k, scale, out)`` (queries (B, Hq, ., d), keys (B, Hkv, N, d), ``out`` (B, Hq, .) written) over
+    the (batch, kv head) units as ``threads.in_parts`` runs them, each kv head with its query heads, a query head's
+    products ``head_multiply_adds``; its BLAS on one thread (``single_threaded_blas``, entered after the thread
+    count is set: on one thread it leaves the workers' affinities alone)."""
+    B, Hq, Hkv = q.shape[0], q.shape[1], k.shape[1]
+    units, group = B * Hkv, Hq // max(Hkv, 1)
+
+    def run(start, stop):
+        with single_threaded_blas():
+            if (start, stop) == (0, units):
+                kernel(q, k, scale, out)
+                return
+            for b, g0, g1 in head_groups(start, stop, Hkv):
+                heads = slice(g0 * group, g1 * group)
+                kernel(q[b:b + 1, heads], k[b:b + 1, g0:g1], scale, out[b:b + 1, heads])
+
+    in_parts(units, group * head_multiply_adds, run)
 
 
 def top_positions(scores, n_keep):
@@ -398,9 +416,9 @@ def _accumulated_scores(q, k, block):
     totals = np.empty((B, Hq, N), dtype=dt)
     # each block of rows against every key up to its last row's (the kernel's S = Q_b K[:r1]ᵀ); small: on this thread
     pairs = sum((min(r0 + block, N) - r0) * min(r0 + block, N) for r0 in range(0, N, block))
-    with serial_if_small(multiply_adds=B * Hq * pairs * d), single_threaded_blas():  # (order: as snapkv_scores')
-        _numba_cpu.accumulated_attention(np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt),
-                                         1.0 / math.sqrt(d), block, totals)
+    _by_kv_heads(lambda q, k, scale, out: _numba_cpu.accumulated_attention(q, k, scale, block, out),
+                 np.ascontiguousarray(q, dtype=dt), np.ascontiguousarray(k, dtype=dt), 1.0 / math.sqrt(d), totals,
+                 head_multiply_adds=pairs * d)
     return _check_scores(totals.reshape(B, k.shape[1], Hq // k.shape[1], N).mean(axis=2), dt)
 
 

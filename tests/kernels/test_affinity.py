@@ -279,11 +279,13 @@ def test_a_running_thread_holds_a_core_and_a_sleeping_one_does_not(pool_of_two):
     spinner.start()
     started.wait()
     try:
-        seen = []
+        seen, runnable = [], []
         for _ in range(LOOKS):
             time.sleep(0.01)
             seen.append(affinity.cores_held())
+            runnable.append(affinity.runnable_threads())
         assert max(seen) == 1
+        assert max(runnable) >= 2  # the machine's count: the spinner and this thread at least
     finally:
         spinner.join()
         sleeper.join()
@@ -309,6 +311,19 @@ def test_the_caller_and_its_workers_are_not_held_cores(pool_of_two, monkeypatch)
 def test_the_pool_cpus_are_the_callers_and_the_workers(pool_of_two):
     affinity.steering()
     assert affinity.pool_cpu_count() == len(set(os.sched_getaffinity(0)).union(*affinity._workers.masks)) >= 2
+
+
+@pytest.mark.skipif(not affinity.SUPPORTED, reason="reads Linux's /proc/loadavg")
+def test_the_machine_counts_this_thread_runnable():
+    assert affinity.runnable_threads() >= 1
+
+
+def test_an_unreadable_count_of_runnable_threads_is_none(monkeypatch):
+    def refuse(*args):
+        raise FileNotFoundError("/proc/loadavg")
+
+    monkeypatch.setattr(affinity.os, "open", refuse)
+    assert affinity.runnable_threads() is None
 
 
 @pytest.mark.skipif(not affinity.SUPPORTED, reason="reads Linux's /proc/self/task")

@@ -332,10 +332,24 @@ def test_a_call_beside_held_cores_runs_on_the_calling_thread(monkeypatch, two_th
     cpus = affinity.pool_cpu_count()
     answer = {"all": max(1, cpus - 1), "some": max(0, cpus - 2), "unknown": None}[held]
     monkeypatch.setattr(affinity, "cores_held", lambda: answer)
+    monkeypatch.setattr(affinity, "runnable_threads", lambda: None)  # the look at each thread decides
     monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", switch)
     with threads.serial_if_small(multiply_adds=2**40):  # however large
         assert numba.get_num_threads() == threads_inside
     assert numba.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("runnable, looks", [(1, False), (2, True), (None, True)])
+def test_each_thread_is_looked_at_only_where_the_machine_runs_enough(monkeypatch, two_threads, runnable, looks):
+    """The machine's count of runnable threads (this one among them) first: one where the pool has two CPUs leaves
+    none to hold the other, and the look at each thread is saved."""
+    from kernels._common import affinity
+
+    monkeypatch.setattr(affinity, "pool_cpu_count", lambda: 2)
+    monkeypatch.setattr(affinity, "runnable_threads", lambda: runnable)
+    looked = []
+    monkeypatch.setattr(affinity, "cores_held", lambda: looked.append(1) or 1)
+    assert threads._cores_held() == looks and len(looked) == looks
 
 
 def test_a_call_beside_held_cores_gives_the_same_bits(rng, monkeypatch, two_threads):
@@ -346,5 +360,95 @@ def test_a_call_beside_held_cores_gives_the_same_bits(rng, monkeypatch, two_thre
     seen = _threads_inside(monkeypatch, dense, "batched_matmul")
     on_the_pool = dense.matmul_nt(x, w)
     monkeypatch.setattr(affinity, "cores_held", lambda: max(1, affinity.pool_cpu_count() - 1))
+    monkeypatch.setattr(affinity, "runnable_threads", lambda: None)
     monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", True)
     assert np.array_equal(dense.matmul_nt(x, w), on_the_pool) and seen == [2, 1]
+
+
+def _held_for(monkeypatch, looks):
+    """The option on and the other cores held for the first ``looks`` looks, free after; the looks made."""
+    made = []
+
+    def held():
+        made.append(len(made) < looks)
+        return made[-1]
+
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", True)
+    monkeypatch.setattr(threads, "_cores_held", held)
+    return made
+
+
+UNIT = threads.SERIAL_MULTIPLY_ADDS  # a unit's work in the part tests below: one unit alone is not small
+
+
+@pytest.mark.parametrize("switch, looks, unit, part, expected, made", [
+    (False, 99, UNIT, 3 * UNIT, [(0, 10, 2)], 0),  # the option off: one call on the pool, no look
+    (True, 0, UNIT, 3 * UNIT, [(0, 10, 2)], 1),  # nothing held: the same, after one look
+    (True, 1, UNIT, 3 * UNIT, [(0, 3, 1), (3, 10, 2)], 2),  # held at first: a part alone, then the rest on the pool
+    (True, 2, UNIT, 3 * UNIT, [(0, 3, 1), (3, 6, 1), (6, 10, 2)], 3),
+    (True, 99, UNIT, 3 * UNIT, [(0, 3, 1), (3, 6, 1), (6, 9, 1), (9, 10, 1)], 4),  # held throughout
+    (True, 99, UNIT // 2, 9 * UNIT // 2, [(0, 9, 1), (9, 10, 1)], 1),  # a small rest: alone, without a look
+    (True, 99, 1, 3 * UNIT, [(0, 10, 1)], 0),  # a small call: alone, without a look
+    (True, 99, UNIT // 11, 10 * UNIT, [(0, 10, 1)], 0),
+])
+def test_a_long_call_beside_held_cores_runs_in_parts_until_they_are_free(monkeypatch, two_threads, switch, looks,
+                                                                         unit, part, expected, made):
+    looked = _held_for(monkeypatch, looks)
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", switch)
+    monkeypatch.setattr(threads, "PART_MULTIPLY_ADDS", part)
+    runs = []
+    threads.in_parts(10, unit, lambda start, stop: runs.append((start, stop, numba.get_num_threads())))
+    assert runs == expected and len(looked) == made
+    assert numba.get_num_threads() == 2
+
+
+def test_no_units_run_once():
+    runs = []
+    threads.in_parts(0, UNIT, lambda start, stop: runs.append((start, stop)))
+    assert runs == [(0, 0)]
+
+
+@pytest.mark.parametrize("start, stop, kv_heads, expected", [
+    (0, 4, 4, [(0, 0, 4)]),
+    (3, 9, 4, [(0, 3, 4), (1, 0, 4), (2, 0, 1)]),
+    (5, 6, 4, [(1, 1, 2)]),
+    (2, 2, 4, []),
+])
+def test_head_groups_cut_units_at_each_batch(start, stop, kv_heads, expected):
+    assert list(threads.head_groups(start, stop, kv_heads)) == expected
+
+
+def _every_unit_a_part(monkeypatch, looks):
+    """Any work not small and a part of one unit, the cores held for ``looks`` looks: the looks made."""
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 1)
+    monkeypatch.setattr(threads, "PART_MULTIPLY_ADDS", 1)
+    return _held_for(monkeypatch, looks)
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "standard"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_in_parts_matches_the_oracle(rng, monkeypatch, two_threads, algorithm, causal):
+    from kernels.attn import reference
+
+    q = rng.standard_normal((2, 6, 37, 16), dtype=np.float32)
+    k, v = (rng.standard_normal((2, 3, 41, 16), dtype=np.float32) for _ in range(2))
+    looked = _every_unit_a_part(monkeypatch, 4)  # 4 of the 6 (batch, kv head) units alone, across the batches
+    o, lse = kernels.attention(q, k, v, causal=causal, algorithm=algorithm, return_lse=True)
+    assert len(looked) == 5
+    ref_o, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
+    assert_close(o, ref_o, "float32")
+    assert_close(lse, ref_lse, "float32")
+
+
+@pytest.mark.parametrize("looks", [1, 3, 99])
+def test_kv_pruning_scores_in_parts_give_the_same_bits(rng, monkeypatch, two_threads, looks):
+    from kernels import kvprune
+
+    q = rng.standard_normal((2, 6, 45, 16), dtype=np.float32)
+    k = rng.standard_normal((2, 3, 45, 16), dtype=np.float32)
+    calls = (lambda: kvprune.h2o_scores(q, k, block=16), lambda: kvprune.snapkv_scores(q[:, :, -8:], k))
+    whole = [call() for call in calls]
+    for call, expected in zip(calls, whole):
+        looked = _every_unit_a_part(monkeypatch, looks)  # the first ``looks`` of the 6 units alone
+        assert np.array_equal(call(), expected)
+        assert len(looked) == min(looks + 1, 6)
