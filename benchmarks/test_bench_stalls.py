@@ -37,9 +37,8 @@ Options (environment of the child process):
 - ``oversubscribed``: the design with twice as many Numba threads as cores;
 - ``no-steer``: the design without keeping Numba's workers off the calling thread's CPU
   (``IOAWARE_STEER_WORKERS=0``, kernels/_common/affinity.py);
-- ``serial-when-held``: the design with a call kept on the calling thread while the process's other threads hold
-  every other core (``IOAWARE_SERIAL_WHEN_HELD=1``, kernels/_common/threads.py), instead of its workers sharing
-  those cores;
+- ``share-held``: the design without keeping a call on the calling thread while the process's other threads hold
+  every other core (``IOAWARE_SERIAL_WHEN_HELD=0``, kernels/_common/threads.py): its workers share those cores;
 - ``blas-sleeps``: the design with NumPy's OpenBLAS workers sleeping as soon as a call of theirs ends
   (``OPENBLAS_THREAD_TIMEOUT=4``: 2^4 cycles of spinning instead of the default 2^28, OpenBLAS's
   ``driver/others/blas_server.c``), so that they no longer share the cores with the ioaware call after theirs.
@@ -72,7 +71,7 @@ OPTIONS = {
     "oversubscribed": ({"NUMBA_NUM_THREADS": str(2 * (os.cpu_count() or 1))}, []),
     "blas-sleeps": ({"OPENBLAS_THREAD_TIMEOUT": "4"}, []),
     "no-steer": ({"IOAWARE_STEER_WORKERS": "0"}, []),
-    "serial-when-held": ({"IOAWARE_SERIAL_WHEN_HELD": "1"}, []),
+    "share-held": ({"IOAWARE_SERIAL_WHEN_HELD": "0"}, []),
 }
 P90_OVER_MEDIAN = 1.5
 PEERS = ("numpy ", "torch ")  # the calls of other libraries between ours: their spread is reported beside ours

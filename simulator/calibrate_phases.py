@@ -17,7 +17,6 @@ import time
 import numpy as np
 from numba import njit, prange
 
-from kernels._common.affinity import pool_cpu_count
 from kernels._common.numba_cpu import FASTMATH, exp_row, row_max
 from kernels.cpuinfo import cache_sizes, user_cache_dir
 from kernels.dense import gemv_rows
@@ -391,11 +390,13 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     ``outliers=False`` leaves ``step_outlier_s`` out (it does not depend on the working set). ``k``: the weights'
     input features (a row's length), STEP_K unless given: the rate can depend on it (``simulator.report.model.
     step_rates`` measures each row length of a model's linears)."""
+    import kernels
+
     K = int(k)
     # the step claims its tasks as threads come free, so with more threads than CPUs it streams at the CPUs' rate;
     # one contiguous run per thread, as here, would leave a CPU two runs (NUMBA_NUM_THREADS=3 on a 2-vCPU Xeon: the
     # int8 rows at 32 GB/s against 36-40 on two threads, and a SmolLM2 token predicted 30% longer than it took)
-    threads = min(int(threads), pool_cpu_count())
+    threads = min(int(threads), kernels.pool_info()["cpus"])
     if working_bytes is None:
         size = buffer.size // 4
     else:

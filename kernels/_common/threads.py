@@ -12,8 +12,9 @@ call wakes one pool, and when it returns that pool's threads sleep at once:
 - Before a region, while no other pool's threads run, the workers' affinity leaves out the CPU of the thread that
   launches it (``affinity.py``, Linux): a VM's guest kernel may otherwise wake a sleeping worker on that very CPU,
   where it waits for the caller.
-- A small call runs on the calling thread alone (``serial_if_small``, below); with an option, so does any call while
-  the process's other threads (another pool's, spinning after its own call) hold every core but the caller's.
+- A small call runs on the calling thread alone (``serial_if_small``, below), and so does any call while the
+  process's other threads (another pool's, spinning after its own call) hold every core but the caller's; a long
+  one there runs in parts, looking again before each, and goes to the pool once the cores are free (``in_parts``).
 
 Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
 default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits
@@ -90,15 +91,16 @@ def configure_pool() -> None:
 
 
 def pool_info() -> dict:
-    """What runs ioaware's parallel loops: the threading layer, its thread count, its wait policy, whether its
-    workers are kept off the calling thread's CPU (``affinity.py``), and whether a call runs on the calling thread
-    while other threads hold the other cores (``serial_if_small``)."""
+    """What runs ioaware's parallel loops: the threading layer, its thread count, the CPUs its threads may run on
+    (fewer than threads: some share a CPU), its wait policy, whether its workers are kept off the calling thread's
+    CPU (``affinity.py``), and whether a call runs on the calling thread while other threads hold the other cores
+    (``serial_if_small``)."""
     configure_pool()
     import numba
 
-    from .affinity import SUPPORTED, steering
+    from .affinity import SUPPORTED, pool_cpu_count, steering
 
-    return {"threading_layer": _state["layer"], "threads": numba.get_num_threads(),
+    return {"threading_layer": _state["layer"], "threads": numba.get_num_threads(), "cpus": pool_cpu_count(),
             "wait_policy": _state["wait_policy"], "steer_workers": steering(),
             "serial_when_held": SERIAL_WHEN_HELD and SUPPORTED}
 
@@ -116,19 +118,21 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # quantize_vectorwise 128x1024 (131 k elements): alone 0.19 ms on two threads, 0.12 ms on one.
 
 
-# -- calls beside held cores (an option, off by default) ------------------------------------------------------------
+# -- calls beside held cores ---------------------------------------------------------------------------------------
 # Where the process's other threads hold every core but the caller's (NumPy's OpenBLAS workers poll for ~0.1 s after
 # each of its multithreaded calls), a worker woken beside one of them shares its core, and the scheduler's balancing
 # then tends to move the polling thread onto the caller's core, where the two take turns in 4 ms ticks (traced in
 # the stall benchmark's rounds on a 2-vCPU Xeon: an element pass on the calling thread 4.0 ms longer, the other vCPU
-# idle). With IOAWARE_SERIAL_WHEN_HELD=1 a call of any size then runs on the calling thread alone: on that Xeon the
-# standard algorithm at N=512 went from p90/median 1.33-1.45 to 1.03-1.04 and NumPy's sgemm between the calls from
-# 1.92-2.24 to 1.05-1.06, at up to ~1.3x the medians within NumPy's window; but a long call that starts just before
-# NumPy's workers sleep runs alone throughout (h2o N=1024 twice as long in a few rounds: the stall benchmark's worst
-# p90/median 1.18-1.68 in five runs, over 1.5 in three; 1.28-3.26 in sixteen without, over 1.5 in eight). Hence off
-# by default; README, "Threads".
-HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "1" when kernels is imported: the option above
-SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "0") == "1"
+# idle). So a call of any size then runs on the calling thread alone; a long one (flash attention, the KV-pruning
+# scorings) in parts of PART_MULTIPLY_ADDS (below), looking again before each, so that it moves to the pool when
+# NumPy's workers sleep instead of running alone throughout (as h2o N=1024 did, twice as long, in the stall
+# benchmark's rounds where it began just before). On that Xeon the stall benchmark's worst p90/median of ioaware's
+# calls was 1.28-3.26 over 18 runs sharing the cores (over 1.5 in 9), 1.18-1.68 in 7 alone without parts (over 1.5
+# in 3); with parts see the README, "Threads". The price: a call within NumPy's window takes up to ~1.4x as long as
+# one sharing the cores (flash N=2048 causal, 52-57 ms against 41.5). IOAWARE_SERIAL_WHEN_HELD=0 when kernels is
+# imported makes the workers share the held cores instead.
+HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "0" when kernels is imported: the workers share held cores
+SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "1") != "0"
 
 
 def _cores_held() -> bool:

@@ -82,28 +82,24 @@ def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=No
     return (out_elems + split_elems + _workers(threads, tasks) * task_elems) * elem_bytes
 
 
-def _in_parts(q, k, v, scale, causal, algorithm, block_q, block_k):
-    """(o, lse) of ``algorithm`` over the (batch, kv head) units of q, k, v as ``threads.in_parts`` runs them: in one
-    call (on this thread when small: ``call_threads``), or beside held cores in parts of a few kv heads each."""
-    def forward(q, k, v):
-        if algorithm == "standard":
-            return standard_forward(q, k, v, scale, causal)
-        return _flash(q, k, v, scale, causal, block_q, block_k)
-
+def _flash_in_parts(q, k, v, scale, causal, block_q, block_k):
+    """(o, lse) of the flash kernel over the (batch, kv head) units of q, k, v as ``threads.in_parts`` runs them: in
+    one call (on this thread when small: ``call_threads``), or beside held cores in parts of a few kv heads each,
+    written into one o and lse (the memory of a whole call at most: ``flash_memory_bytes``)."""
     B, Hq, Hkv = q.shape[0], q.shape[1], k.shape[1]
     units, group = B * Hkv, Hq // max(Hkv, 1)
     out = []
 
     def run(start, stop):
         if (start, stop) == (0, units):
-            out.extend(forward(q, k, v))
+            out.extend(_flash(q, k, v, scale, causal, block_q, block_k))
             return
+        if not out:
+            out.extend((np.empty_like(q), np.empty(q.shape[:3], q.dtype)))
         for b, g0, g1 in head_groups(start, stop, Hkv):
             heads = slice(g0 * group, g1 * group)
-            o, lse = forward(q[b:b + 1, heads], k[b:b + 1, g0:g1], v[b:b + 1, g0:g1])
-            if not out:
-                out.extend((np.empty(q.shape, o.dtype), np.empty(q.shape[:3], lse.dtype)))
-            out[0][b, heads], out[1][b, heads] = o[0], lse[0]
+            _flash(q[b:b + 1, heads], k[b:b + 1, g0:g1], v[b:b + 1, g0:g1], scale, causal, block_q, block_k,
+                   out[0][b:b + 1, heads], out[1][b:b + 1, heads])
 
     in_parts(units, multiply_adds(q.shape, k.shape, causal) / max(units, 1), run)
     return out[0], out[1]
@@ -114,7 +110,9 @@ def _workers(threads, tasks):
     return max(1, min(threads, tasks))
 
 
-def _flash(q, k, v, scale, causal, block_q, block_k):
+def _flash(q, k, v, scale, causal, block_q, block_k, o=None, lse=None):
+    """(o, lse) of the CPU flash kernel, written into ``o`` and ``lse`` where given (C-contiguous, q's shape and
+    dtype, and its first three axes')."""
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     threads = call_threads(q.shape, k.shape, causal)
@@ -124,8 +122,8 @@ def _flash(q, k, v, scale, causal, block_q, block_k):
     ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k, causal=causal),
                 f"attention(algorithm='flash') with tiles Br={Br}, Bc={Bc} ({n_splits} key splits)",
                 "choose smaller block_q and block_k (the default tiles fit the cache)")
-    o = np.empty_like(q)
-    lse = np.empty((B, Hq, Nq), dtype=q.dtype)
+    o = np.empty_like(q) if o is None else o
+    lse = np.empty((B, Hq, Nq), dtype=q.dtype) if lse is None else lse
     if n_splits > 1:
         o_part = np.empty((n_splits,) + o.shape, dtype=q.dtype)
         stats_part = np.empty((n_splits,) + lse.shape + (2,), dtype=q.dtype)  # each row's m_i, l_i
@@ -309,7 +307,11 @@ def attention(q, k, v, *, causal=False, scale=None, algorithm="flash", block_q=N
     _ensure_copies_fit(q, k, v, algorithm, bool(causal), block_q, block_k)
     q4, k4, v4 = as_compute_4d(q, k, v)
     shape = q.shape
-    o, lse = _in_parts(q4, k4, v4, scale, bool(causal), algorithm, block_q, block_k)  # small: on this thread
+    if algorithm == "standard":  # in one call: its N x N scores are what it shows (small: on this thread)
+        with serial_if_small(multiply_adds(q4.shape, k4.shape, bool(causal))):
+            o, lse = standard_forward(q4, k4, v4, scale, bool(causal))
+    else:
+        o, lse = _flash_in_parts(q4, k4, v4, scale, bool(causal), block_q, block_k)  # small: on this thread
     o = o.reshape(shape).astype(q.dtype, copy=False)
     if return_lse:
         return o, lse.reshape(shape[:-1])

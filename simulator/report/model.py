@@ -123,9 +123,9 @@ def decode_token_parts(model, rates, context) -> dict:
     fixed_s."""
     import numba
 
-    from kernels._common.affinity import pool_cpu_count
+    import kernels
 
-    threads = min(numba.get_num_threads(), pool_cpu_count())  # threads that run at once: no more than the CPUs
+    threads = min(numba.get_num_threads(), kernels.pool_info()["cpus"])  # threads that run at once: the CPUs at most
     step = model._one_region_step()
     if step is None:
         raise ValueError("only a model that decodes in one parallel region (float32, or int8 weights only) is "

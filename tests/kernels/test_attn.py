@@ -320,10 +320,18 @@ def test_decode_allocates_no_n_squared(rng):
     ((2, 9, 300, 32), (2, 3, 300, 32), (64, 96)),
     ((1, 9, 1, 64), (1, 3, 5000, 64), (None, 128)),  # decode: split-KV partial results
 ])
-def test_flash_allocates_what_its_tiles_predict(rng, q_shape, k_shape, blocks):
-    # the bound comes from the kernel's own tile sizes and thread count, not from one machine's run
+@pytest.mark.parametrize("held", [False, True], ids=["whole", "in-parts"])
+def test_flash_allocates_what_its_tiles_predict(rng, monkeypatch, q_shape, k_shape, blocks, held):
+    # the bound comes from the kernel's own tile sizes and thread count, not from one machine's run; a call beside
+    # held cores, in parts on the calling thread (kernels/_common/threads.py, in_parts), within the same bound
     import tracemalloc
 
+    from kernels._common import threads
+
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", held)
+    monkeypatch.setattr(threads, "_cores_held", lambda: True)
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 1)  # every call, in parts of one (batch, kv head) unit
+    monkeypatch.setattr(threads, "PART_MULTIPLY_ADDS", 1)
     q = rng.standard_normal(q_shape, dtype=np.float32)
     k, v = (rng.standard_normal(k_shape, dtype=np.float32) for _ in range(2))
     block_q, block_k = blocks

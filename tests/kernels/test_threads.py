@@ -25,9 +25,8 @@ from tests.helpers import assert_close, numba_threads
 
 @pytest.fixture(autouse=True)
 def _no_serial_when_held(monkeypatch):
-    """The tests here count threads with the option IOAWARE_SERIAL_WHEN_HELD off, as it is by default (on, NumPy's
-    pool polling after a test's own products would keep calls on the calling thread); the option's own tests set
-    it."""
+    """The tests here count threads with the option IOAWARE_SERIAL_WHEN_HELD off (on, as by default, NumPy's pool
+    polling after a test's own products would keep calls on the calling thread); the option's own tests set it."""
     monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", False)
 
 
@@ -425,19 +424,28 @@ def _every_unit_a_part(monkeypatch, looks):
     return _held_for(monkeypatch, looks)
 
 
-@pytest.mark.parametrize("algorithm", ["flash", "standard"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_attention_in_parts_matches_the_oracle(rng, monkeypatch, two_threads, algorithm, causal):
+@pytest.mark.parametrize("nq", [1, 37])
+def test_flash_in_parts_matches_the_oracle(rng, monkeypatch, two_threads, causal, nq):
     from kernels.attn import reference
 
-    q = rng.standard_normal((2, 6, 37, 16), dtype=np.float32)
+    q = rng.standard_normal((2, 6, nq, 16), dtype=np.float32)
     k, v = (rng.standard_normal((2, 3, 41, 16), dtype=np.float32) for _ in range(2))
     looked = _every_unit_a_part(monkeypatch, 4)  # 4 of the 6 (batch, kv head) units alone, across the batches
-    o, lse = kernels.attention(q, k, v, causal=causal, algorithm=algorithm, return_lse=True)
+    o, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
     assert len(looked) == 5
     ref_o, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
     assert_close(o, ref_o, "float32")
     assert_close(lse, ref_lse, "float32")
+
+
+def test_the_standard_algorithm_beside_held_cores_runs_whole_on_the_calling_thread(rng, monkeypatch, two_threads):
+    """Its N x N scores at once, as the algorithm it shows (the report traces their memory)."""
+    seen = _threads_inside(monkeypatch, attn_api, "standard_forward")
+    q = rng.standard_normal((2, 6, 37, 16), dtype=np.float32)
+    looked = _every_unit_a_part(monkeypatch, 99)
+    kernels.attention(q, q, q, algorithm="standard")
+    assert seen == [1] and len(looked) == 1
 
 
 @pytest.mark.parametrize("looks", [1, 3, 99])
