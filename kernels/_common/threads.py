@@ -127,10 +127,11 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # scorings) in parts of PART_MULTIPLY_ADDS (below), looking again before each, so that it moves to the pool when
 # NumPy's workers sleep instead of running alone throughout (as h2o N=1024 did, twice as long, in the stall
 # benchmark's rounds where it began just before). On that Xeon the stall benchmark's worst p90/median of ioaware's
-# calls was 1.28-3.26 over 18 runs sharing the cores (over 1.5 in 9), 1.18-1.68 in 7 alone without parts (over 1.5
-# in 3); with parts see the README, "Threads". The price: a call within NumPy's window takes up to ~1.4x as long as
-# one sharing the cores (flash N=2048 causal, 52-57 ms against 41.5). IOAWARE_SERIAL_WHEN_HELD=0 when kernels is
-# imported makes the workers share the held cores instead.
+# calls was 1.28-3.26 in 24 runs of two sessions sharing the cores (over 1.5 in 13), 1.18-1.68 in 7 alone without
+# parts (over 1.5 in 3), 1.14-1.74 in 7 alone with them (over 1.5 in 2: a short call that met NumPy's workers in a
+# few rounds only).
+# The price: a call wholly within NumPy's window runs on one core (flash N=2048 causal 57-64 ms against 42-49
+# sharing). IOAWARE_SERIAL_WHEN_HELD=0 when kernels is imported makes the workers share the held cores instead.
 HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "0" when kernels is imported: the workers share held cores
 SERIAL_WHEN_HELD = os.environ.get(HELD_SWITCH, "1") != "0"
 
@@ -208,15 +209,33 @@ def head_groups(start: int, stop: int, kv_heads: int):
         start += g1 - g0
 
 
+_outer = threading.local()  # the calling thread's count outside its calls on one thread (``pool_threads``)
+
+
+def pool_threads() -> int:
+    """The calling thread's pool size as set outside any call run on it alone: what a kernel that splits its work
+    by thread count plans for, so that its results are the same bits whether the call runs alone (beside held
+    cores) or on the pool."""
+    import numba
+
+    count = getattr(_outer, "count", None)
+    return numba.get_num_threads() if count is None else count
+
+
 class _OnOneThread:
     def __enter__(self):
         import numba
 
         self.previous = numba.get_num_threads()
+        self.outermost = getattr(_outer, "count", None) is None
+        if self.outermost:
+            _outer.count = self.previous
         numba.set_num_threads(1)
 
     def __exit__(self, *exc):
         import numba
 
         numba.set_num_threads(self.previous)
+        if self.outermost:
+            _outer.count = None
         return False

@@ -9,7 +9,7 @@ from . import _numba_cpu
 from .._common import gpu as _gpu
 from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
-from .._common.threads import SERIAL_MULTIPLY_ADDS, head_groups, in_parts, serial_if_small
+from .._common.threads import SERIAL_MULTIPLY_ADDS, head_groups, in_parts, pool_threads, serial_if_small
 from ._blocks import default_blocks
 from .._common.memory import copy_bytes, ensure_fits
 from ._standard import standard_bytes, standard_forward
@@ -46,10 +46,11 @@ def _split_count(tasks, n_key_blocks, threads):
 
 
 def call_threads(q_shape, k_shape, causal) -> int:
-    """Threads a CPU ``attention`` call of these shapes runs on: one when it is small (``serial_if_small``),
-    else Numba's count."""
+    """Threads a CPU ``attention`` call of these shapes is planned for: one when it is small (``serial_if_small``),
+    else the pool's count, also where the call runs alone beside held cores (``threads.pool_threads``: the same
+    tiles and key splits, hence the same bits, either way)."""
     small = multiply_adds(q_shape, k_shape, causal) < SERIAL_MULTIPLY_ADDS
-    return 1 if small else _numba_cpu.num_threads()
+    return 1 if small else pool_threads()
 
 
 def _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads):
@@ -99,7 +100,7 @@ def _flash_in_parts(q, k, v, scale, causal, block_q, block_k):
         for b, g0, g1 in head_groups(start, stop, Hkv):
             heads = slice(g0 * group, g1 * group)
             _flash(q[b:b + 1, heads], k[b:b + 1, g0:g1], v[b:b + 1, g0:g1], scale, causal, block_q, block_k,
-                   out[0][b:b + 1, heads], out[1][b:b + 1, heads])
+                   out[0][b:b + 1, heads], out[1][b:b + 1, heads], whole=(q.shape, k.shape))
 
     in_parts(units, multiply_adds(q.shape, k.shape, causal) / max(units, 1), run)
     return out[0], out[1]
@@ -110,13 +111,17 @@ def _workers(threads, tasks):
     return max(1, min(threads, tasks))
 
 
-def _flash(q, k, v, scale, causal, block_q, block_k, o=None, lse=None):
+def _flash(q, k, v, scale, causal, block_q, block_k, o=None, lse=None, whole=None):
     """(o, lse) of the CPU flash kernel, written into ``o`` and ``lse`` where given (C-contiguous, q's shape and
-    dtype, and its first three axes')."""
+    dtype, and its first three axes'); ``whole``: the (q, k) shapes of the call that this one is a part of, whose
+    plan (tiles and key splits) it follows."""
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    threads = call_threads(q.shape, k.shape, causal)
-    Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, q.itemsize, block_q, block_k, threads)
+    q_shape, k_shape = whole or (q.shape, k.shape)
+    threads = call_threads(q_shape, k_shape, causal)
+    Br, Bc, n_splits, _ = _flash_plan(q_shape[0], q_shape[1], k_shape[1], Nq, Nk, d, q.itemsize, block_q, block_k,
+                                      threads)
+    tasks = B * Hkv * math.ceil(Nq / Br) * n_splits
     # everything it allocates, output, split results and each worker's tiles, before any of it (huge block sizes
     # made the kernel's own allocation fail inside the parallel loop: a SystemError around a MemoryError)
     ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k, causal=causal),

@@ -425,18 +425,37 @@ def _every_unit_a_part(monkeypatch, looks):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("nq", [1, 37])
-def test_flash_in_parts_matches_the_oracle(rng, monkeypatch, two_threads, causal, nq):
+@pytest.mark.parametrize("nq, nk", [(1, 300), (37, 41)])  # a decode with its keys split, a prefill
+def test_flash_in_parts_gives_the_bits_of_the_call_on_the_pool(rng, monkeypatch, two_threads, causal, nq, nk):
     from kernels.attn import reference
 
     q = rng.standard_normal((2, 6, nq, 16), dtype=np.float32)
-    k, v = (rng.standard_normal((2, 3, 41, 16), dtype=np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, 3, nk, 16), dtype=np.float32) for _ in range(2))
+    monkeypatch.setattr(attn_api, "SERIAL_MULTIPLY_ADDS", 1)  # planned for the pool (call_threads)
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 1)
+    on_the_pool = kernels.attention(q, k, v, causal=causal, block_k=32, return_lse=True)
     looked = _every_unit_a_part(monkeypatch, 4)  # 4 of the 6 (batch, kv head) units alone, across the batches
-    o, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    o, lse = kernels.attention(q, k, v, causal=causal, block_k=32, return_lse=True)
     assert len(looked) == 5
+    assert np.array_equal(o, on_the_pool[0]) and np.array_equal(lse, on_the_pool[1])
     ref_o, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
     assert_close(o, ref_o, "float32")
     assert_close(lse, ref_lse, "float32")
+
+
+def test_a_call_alone_is_planned_for_the_pool(monkeypatch, two_threads):
+    """Beside held cores a call runs alone but plans its work for the pool (the same bits either way); a small call
+    plans for one thread."""
+    monkeypatch.setattr(threads, "SERIAL_WHEN_HELD", True)
+    monkeypatch.setattr(threads, "_cores_held", lambda: True)
+    with threads.serial_if_small(multiply_adds=2**40):
+        assert numba.get_num_threads() == 1 and threads.pool_threads() == 2
+        with threads.serial_if_small(multiply_adds=1):  # nested: still the pool's count outside
+            assert threads.pool_threads() == 2
+        assert threads.pool_threads() == 2
+    assert threads.pool_threads() == 2 and numba.get_num_threads() == 2
+    assert attn_api.call_threads((1, 8, 512, 64), (1, 8, 512, 64), False) == 2
+    assert attn_api.call_threads((1, 2, 33, 16), (1, 2, 33, 16), True) == 1
 
 
 def test_the_standard_algorithm_beside_held_cores_runs_whole_on_the_calling_thread(rng, monkeypatch, two_threads):
@@ -460,3 +479,4 @@ def test_kv_pruning_scores_in_parts_give_the_same_bits(rng, monkeypatch, two_thr
         looked = _every_unit_a_part(monkeypatch, looks)  # the first ``looks`` of the 6 units alone
         assert np.array_equal(call(), expected)
         assert len(looked) == min(looks + 1, 6)
+
