@@ -9,7 +9,7 @@ from . import _numba_cpu
 from .._common import gpu as _gpu
 from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
-from .._common.threads import SERIAL_MULTIPLY_ADDS, head_groups, in_parts, pool_threads, serial_if_small
+from .._common.threads import SERIAL_MULTIPLY_ADDS, head_groups, in_parts, serial_if_small
 from ._blocks import default_blocks
 from .._common.memory import copy_bytes, ensure_fits
 from ._standard import standard_bytes, standard_forward
@@ -50,7 +50,7 @@ def call_threads(q_shape, k_shape, causal) -> int:
     else the pool's count, also where the call runs alone beside held cores (``threads.pool_threads``: the same
     tiles and key splits, hence the same bits, either way)."""
     small = multiply_adds(q_shape, k_shape, causal) < SERIAL_MULTIPLY_ADDS
-    return 1 if small else pool_threads()
+    return 1 if small else _numba_cpu.num_threads()
 
 
 def _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads):

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
 from .._common.numba_cpu import FASTMATH, exp_row, row_max
+from .._common.threads import pool_threads
 
 # Lazy rescaling (as FlashAttention-4 does on Blackwell): each block's exp is taken against the running maximum
 # m_i of the earlier blocks, and m_i moves only when a row's sum of exps exceeds this bound, i.e. when a new score
@@ -244,5 +244,6 @@ def combine_splits(o_part, stats_part, scale, o, lse):
 
 
 def num_threads() -> int:
-    """Threads that ``prange`` loops run on."""
-    return numba.get_num_threads()
+    """Threads a call that is not small plans its tiles and key splits for: the pool's count, also where the call
+    runs alone beside held cores (``threads.pool_threads``)."""
+    return pool_threads()
