@@ -4,9 +4,10 @@ The stall benchmark's rounds (``stall_probe._calls``: ioaware's calls interleave
 traced copy of the prefill's product right after the prefill: each thread of its parallel region records the CPU it
 started on (``sched_getcpu``), when it started and ended (``CLOCK_MONOTONIC``, from the moment the calling thread
 launched the region) and how many blocks it took. The copy multiplies arrays of its own, of the prefill's shapes,
-right after the prefill has read its weight. The stall benchmark's controls (``stall_probe._controls``) run in the
-same rounds. Writes JSON: {"calls": [{"s": seconds, "threads": [[start_s, end_s, cpu, blocks], ...]}, ...],
-"controls_s": {name: [seconds, ...]}, "pool": ...}.
+right after the prefill has read its weight, always on the pool (the prefill itself runs on the calling thread
+while NumPy's workers poll: ``kernels/_common/threads.py``). The stall benchmark's controls
+(``stall_probe._controls``) run in the same rounds. Writes JSON: {"calls": [{"s": seconds, "threads": [[start_s,
+end_s, cpu, blocks], ...]}, ...], "controls_s": {name: [seconds, ...]}, "pool": ...}.
 
     python benchmarks/prefill_trace.py --rounds 60 --out trace.json
 """

@@ -6,13 +6,13 @@ import contextlib
 import functools
 from pathlib import Path
 
-import numba
 import numpy as np
 from numba import njit, prange
 from threadpoolctl import ThreadpoolController
 
 from .affinity import steer_workers
 from .atomics import COUNTER_STRIDE, claim
+from .threads import pool_threads
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,7 +142,7 @@ def batched_matmul(a, b, *, transpose_b=False, out=None):
     if a.shape[2] == 0:
         out[...] = 0
         return out
-    threads = numba.get_num_threads()
+    threads = pool_threads()  # the pool's, also in a call alone beside held cores: the same blocks, the same bits
     wanted = -(-TASKS_PER_THREAD * threads // G)  # blocks per matrix for TASKS_PER_THREAD·threads tasks in all
     column_blocks = -(-N // COLUMN_ALIGN)  # the most column blocks of whole 16-column widths
     # split the side whose blocks repack the smaller operand, where its blocks are at least as many as rows would be

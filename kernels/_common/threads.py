@@ -14,7 +14,8 @@ call wakes one pool, and when it returns that pool's threads sleep at once:
   where it waits for the caller.
 - A small call runs on the calling thread alone (``serial_if_small``, below), and so does any call while the
   process's other threads (another pool's, spinning after its own call) hold every core but the caller's; a long
-  one there runs in parts, looking again before each, and goes to the pool once the cores are free (``in_parts``).
+  flash attention or KV-pruning scoring there runs in parts, looking again before each, and goes to the pool once
+  the cores are free (``in_parts``).
 
 Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
 default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits
@@ -128,8 +129,8 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # NumPy's workers sleep instead of running alone throughout (as h2o N=1024 did, twice as long, in the stall
 # benchmark's rounds where it began just before). On that Xeon the stall benchmark's worst p90/median of ioaware's
 # calls was 1.28-3.26 in 24 runs of two sessions sharing the cores (over 1.5 in 13), 1.18-1.68 in 7 alone without
-# parts (over 1.5 in 3), 1.14-1.74 in 7 alone with them (over 1.5 in 2: a short call that met NumPy's workers in a
-# few rounds only).
+# parts (over 1.5 in 3), 1.14-1.74 in 10 alone with them (over 1.5 in 3: twice a short call that met NumPy's
+# workers in a few rounds only, once a 0.2 ms call on the calling thread).
 # The price: a call wholly within NumPy's window runs on one core (flash N=2048 causal 57-64 ms against 42-49
 # sharing). IOAWARE_SERIAL_WHEN_HELD=0 when kernels is imported makes the workers share the held cores instead.
 HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "0" when kernels is imported: the workers share held cores
@@ -145,7 +146,7 @@ def _cores_held() -> bool:
 
     needed = max(1, pool_cpu_count() - 1)
     runnable = runnable_threads()
-    if runnable is not None and runnable - 1 < needed:
+    if runnable is not None and 1 <= runnable and runnable - 1 < needed:  # (0: not this kernel's count, unknown)
         return False
     held = cores_held()
     return held is not None and held >= needed
@@ -156,9 +157,10 @@ def serial_if_small(multiply_adds: float = 0, elements: float = 0):
     both thresholds above (``multiply_adds`` of its products, ``elements`` of its element passes), or, with
     SERIAL_WHEN_HELD, while the process's other threads hold every other core (above); otherwise on the pool as
     set. The thread count is Numba's per-thread setting, so other Python threads are not affected."""
-    small = multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS
-    if small or (SERIAL_WHEN_HELD and _cores_held()):
+    if multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS:
         return _OnOneThread()
+    if SERIAL_WHEN_HELD and _cores_held():
+        return _OnOneThread(held=True)
     return _on_the_pool()
 
 
@@ -169,9 +171,10 @@ def _on_the_pool():
     return contextlib.nullcontext()
 
 
-# A long call that runs alone beside held cores looks again after each part of about this much work (~2 ms on one
-# x86 core at 16 GFLOP/s): NumPy's workers sleep ~0.1 s after its last product, and a call that began just before
-# then runs the rest of its work on the pool instead of alone throughout (``in_parts``).
+# A long call that runs alone beside held cores looks again after each part of about this much work (~4 ms on one
+# x86 core at 16 GFLOP/s, 2 FLOPs each), or of one unit where a unit is more (a (batch, kv head) pair of flash
+# attention: 2^28 at N = 2048, causal, d = 64): NumPy's workers sleep ~0.1 s after its last product, and a call that
+# began just before then runs the rest of its work on the pool instead of alone throughout (``in_parts``).
 PART_MULTIPLY_ADDS = 2**25
 
 
@@ -191,8 +194,8 @@ def in_parts(units: int, unit_multiply_adds: float, run) -> None:
             with _on_the_pool():
                 run(start, units)
             return
-        stop = min(units, start + max(1, int(PART_MULTIPLY_ADDS // unit_multiply_adds)))
-        with _OnOneThread():
+        stop = min(units, start + max(1, int(PART_MULTIPLY_ADDS // max(unit_multiply_adds, 1))))
+        with _OnOneThread(held=True):
             run(start, stop)
         if stop == units:
             return
@@ -213,9 +216,9 @@ _outer = threading.local()  # the calling thread's count outside its calls on on
 
 
 def pool_threads() -> int:
-    """The calling thread's pool size as set outside any call run on it alone: what a kernel that splits its work
-    by thread count plans for, so that its results are the same bits whether the call runs alone (beside held
-    cores) or on the pool."""
+    """The thread count a call plans its work for (flash's tiles and key splits, ``blas.batched_matmul``'s blocks):
+    Numba's, but in a call that runs alone beside held cores the pool's, as set outside it, so that its results are
+    the same bits whether it runs alone or on the pool. (A small call plans for its one thread.)"""
     import numba
 
     count = getattr(_outer, "count", None)
@@ -223,11 +226,17 @@ def pool_threads() -> int:
 
 
 class _OnOneThread:
+    """Numba's loops on the calling thread for the block; ``held``: a call that would run on the pool but for held
+    cores, which plans its work for the pool (``pool_threads``)."""
+
+    def __init__(self, held=False):
+        self.held = held
+
     def __enter__(self):
         import numba
 
         self.previous = numba.get_num_threads()
-        self.outermost = getattr(_outer, "count", None) is None
+        self.outermost = self.held and getattr(_outer, "count", None) is None
         if self.outermost:
             _outer.count = self.previous
         numba.set_num_threads(1)

@@ -77,10 +77,16 @@ def flash_memory_bytes(q_shape, k_shape, elem_bytes, *, block_q=None, block_k=No
     Hkv, Nk = k_shape[1], k_shape[2]
     threads = call_threads(q_shape, k_shape, causal)
     Br, Bc, n_splits, tasks = _flash_plan(B, Hq, Hkv, Nq, Nk, d, elem_bytes, block_q, block_k, threads)
-    task_elems = _numba_cpu.task_elements((Hq // Hkv) * Br, Bc, d)
-    out_elems = B * Hq * Nq * (d + 1)  # o and lse
+    return _flash_bytes(q_shape, n_splits, _workers(threads, tasks), (Hq // Hkv) * Br, Bc, elem_bytes)
+
+
+def _flash_bytes(q_shape, n_splits, workers, rows, Bc, elem_bytes, output=True):
+    """``flash_memory_bytes`` of a plan: o and lse (unless ``output`` is False: given by the caller), each split's
+    o, m and l where the keys are split, and ``workers`` sets of tiles of ``rows`` query rows by Bc keys."""
+    B, Hq, Nq, d = q_shape
+    out_elems = B * Hq * Nq * (d + 1) if output else 0  # o and lse
     split_elems = n_splits * B * Hq * Nq * (d + 2) if n_splits > 1 else 0  # each split's o, m and l
-    return (out_elems + split_elems + _workers(threads, tasks) * task_elems) * elem_bytes
+    return (out_elems + split_elems + workers * _numba_cpu.task_elements(rows, Bc, d)) * elem_bytes
 
 
 def _flash_in_parts(q, k, v, scale, causal, block_q, block_k):
@@ -95,7 +101,10 @@ def _flash_in_parts(q, k, v, scale, causal, block_q, block_k):
         if (start, stop) == (0, units):
             out.extend(_flash(q, k, v, scale, causal, block_q, block_k))
             return
-        if not out:
+        if not out:  # the whole call's bytes, which bound the parts' (its output, at most its splits and tiles)
+            ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k,
+                                           causal=causal), "attention(algorithm='flash') in parts",
+                        "choose smaller block_q and block_k (the default tiles fit the cache)")
             out.extend((np.empty_like(q), np.empty(q.shape[:3], q.dtype)))
         for b, g0, g1 in head_groups(start, stop, Hkv):
             heads = slice(g0 * group, g1 * group)
@@ -124,7 +133,8 @@ def _flash(q, k, v, scale, causal, block_q, block_k, o=None, lse=None, whole=Non
     tasks = B * Hkv * math.ceil(Nq / Br) * n_splits
     # everything it allocates, output, split results and each worker's tiles, before any of it (huge block sizes
     # made the kernel's own allocation fail inside the parallel loop: a SystemError around a MemoryError)
-    ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k, causal=causal),
+    ensure_fits(_flash_bytes(q.shape, n_splits, _workers(threads, tasks), (Hq // Hkv) * Br, Bc, q.itemsize,
+                             output=o is None),
                 f"attention(algorithm='flash') with tiles Br={Br}, Bc={Bc} ({n_splits} key splits)",
                 "choose smaller block_q and block_k (the default tiles fit the cache)")
     o = np.empty_like(q) if o is None else o

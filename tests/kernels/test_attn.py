@@ -262,9 +262,10 @@ EDGE_CASES = ["nan-q", "nan-k", "nan-v", "nan-v-masked", "-inf-key-tiles", "-inf
 def test_nan_inf_and_extreme_scales_follow_the_oracle(rng, monkeypatch, case, nq, threads, block_k, causal):
     # one contract (kernels.attention, Notes) for every algorithm, tile size and split-KV count: the number of
     # splits follows the thread count, so it is set through it here, not taken from this machine
-    from kernels.attn import _numba_cpu
+    from kernels.attn import _api, _numba_cpu
 
     monkeypatch.setattr(_numba_cpu, "num_threads", lambda: threads)
+    monkeypatch.setattr(_api, "SERIAL_MULTIPLY_ADDS", 0)  # planned for that count however small (call_threads)
     q, k, v, scale = _edge_inputs(rng, case, nq, 300)
     ref, ref_lse = reference(q, k, v, causal=causal, scale=scale, return_lse=True)
     for algorithm in ALGORITHMS:
@@ -279,9 +280,10 @@ def test_nan_inf_and_extreme_scales_follow_the_oracle(rng, monkeypatch, case, nq
 def test_a_scale_whose_scores_overflow_keeps_the_exact_softmax_across_splits(rng, monkeypatch, threads, sign):
     # scale · S beyond float32 (scores 8..16, scale 1e38): the split-KV merge weighed the splits by their lse,
     # ±inf each, and gave NaN (inf − inf) or zeros (−inf read as "no key"); one split was right
-    from kernels.attn import _numba_cpu
+    from kernels.attn import _api, _numba_cpu
 
     monkeypatch.setattr(_numba_cpu, "num_threads", lambda: threads)
+    monkeypatch.setattr(_api, "SERIAL_MULTIPLY_ADDS", 0)  # planned for that count however small (call_threads)
     q = np.full((1, 2, 1, 8), sign, dtype=np.float32)
     k = rng.uniform(1.0, 2.0, (1, 1, 4096, 8)).astype(np.float32)
     v = rng.standard_normal((1, 1, 4096, 8)).astype(np.float32)
@@ -336,7 +338,7 @@ def test_flash_allocates_what_its_tiles_predict(rng, monkeypatch, q_shape, k_sha
     k, v = (rng.standard_normal(k_shape, dtype=np.float32) for _ in range(2))
     block_q, block_k = blocks
     kernels.attention(q, k, v, causal=True, block_q=block_q, block_k=block_k)  # compile outside the trace
-    predicted = kernels.attn.flash_memory_bytes(q_shape, k_shape, 4, block_q=block_q, block_k=block_k)
+    predicted = kernels.attn.flash_memory_bytes(q_shape, k_shape, 4, block_q=block_q, block_k=block_k, causal=True)
     tracemalloc.start()
     o = kernels.attention(q, k, v, causal=True, block_q=block_q, block_k=block_k)
     _, peak = tracemalloc.get_traced_memory()

@@ -321,7 +321,7 @@ def test_the_pause_finds_a_spinning_pool():
 
 @pytest.mark.parametrize("held, switch, threads_inside", [
     ("all", True, 1),  # every CPU of the pool but the caller's held: on the calling thread
-    ("all", False, 2),  # the option off (the default): the workers share them
+    ("all", False, 2),  # the option off (IOAWARE_SERIAL_WHEN_HELD=0): the workers share them
     ("some", True, 2),  # a CPU free (or none held where the pool has one CPU)
     ("unknown", True, 2),  # cannot tell (not Linux, the workers unknown)
 ])
@@ -338,10 +338,10 @@ def test_a_call_beside_held_cores_runs_on_the_calling_thread(monkeypatch, two_th
     assert numba.get_num_threads() == 2
 
 
-@pytest.mark.parametrize("runnable, looks", [(1, False), (2, True), (None, True)])
+@pytest.mark.parametrize("runnable, looks", [(1, False), (2, True), (None, True), (0, True)])  # 0: not a count
 def test_each_thread_is_looked_at_only_where_the_machine_runs_enough(monkeypatch, two_threads, runnable, looks):
     """The machine's count of runnable threads (this one among them) first: one where the pool has two CPUs leaves
-    none to hold the other, and the look at each thread is saved."""
+    none to hold the other, and the look at each thread is saved; none at all is no count of this kernel's."""
     from kernels._common import affinity
 
     monkeypatch.setattr(affinity, "pool_cpu_count", lambda: 2)
@@ -480,3 +480,30 @@ def test_kv_pruning_scores_in_parts_give_the_same_bits(rng, monkeypatch, two_thr
         assert np.array_equal(call(), expected)
         assert len(looked) == min(looks + 1, 6)
 
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_standard_algorithm_alone_gives_the_bits_of_the_call_on_the_pool(rng, monkeypatch, two_threads, causal):
+    """Its products (``blas.batched_matmul``) split for the pool's threads either way (``pool_threads``)."""
+    from kernels._common import blas
+
+    q = rng.standard_normal((1, 8, 300, 64), dtype=np.float32)  # 2 · 8 · 64 · 300² = 2^25.4 multiply-adds
+    k, v = (rng.standard_normal((1, 8, 300, 64), dtype=np.float32) for _ in range(2))
+    seen = _threads_inside(monkeypatch, blas, "pool_threads")
+    on_the_pool = kernels.attention(q, k, v, causal=causal, algorithm="standard")
+    looked = _held_for(monkeypatch, 99)
+    alone = kernels.attention(q, k, v, causal=causal, algorithm="standard")
+    assert len(looked) == 1 and seen[-1] == 1  # it ran alone
+    assert np.array_equal(alone, on_the_pool)
+
+
+def test_flash_in_parts_refuses_what_the_whole_call_would_not_fit(rng, monkeypatch, two_threads):
+    from kernels._common import memory
+
+    q = rng.standard_normal((2, 6, 37, 16), dtype=np.float32)
+    k = rng.standard_normal((2, 3, 41, 16), dtype=np.float32)
+    _every_unit_a_part(monkeypatch, 99)
+    predicted = kernels.attn.flash_memory_bytes(q.shape, k.shape, 4)
+    monkeypatch.setattr(memory, "MIN_CHECKED_BYTES", 0)  # check even this small allocation
+    monkeypatch.setattr(memory, "available_bytes", lambda: predicted - 1)
+    with pytest.raises(kernels.InsufficientMemoryError, match=f"{predicted} bytes"):
+        kernels.attention(q, k, k)
