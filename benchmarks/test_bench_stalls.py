@@ -28,7 +28,8 @@ slow calls (``prefill_trace.py``).
 
 Options (environment of the child process):
 - ``ioaware``: the library's design (kernels/_common/threads.py): Numba's OpenMP pool with passive waits, ioaware's
-  BLAS inside it on one thread, kernels imported before torch;
+  BLAS inside it on one thread, a call on the calling thread alone while other threads hold the other cores,
+  kernels imported before torch;
 - ``torch-first``: the same with torch imported first, so that Numba shares torch's OpenMP runtime, whose wait
   policy torch's import fixed (GNU's default: spin, then sleep);
 - ``spin``: GNU OpenMP's default spinning (``GOMP_SPINCOUNT=300000``, its documented default), as before;
