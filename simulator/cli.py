@@ -290,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="measure this machine and write a report (CSV, PNG charts, index.md, index.html)",
         description="Measure standard vs flash attention on this CPU, predict with the cost model, and write a "
                     "report into a run directory.")
-    report.add_argument("--quick", action="store_true", help="small sizes, under a minute on 2 cores")
+    report.add_argument("--quick", action="store_true",
+                        help="small sizes: about half a minute on 2 cores once the kernels are compiled")
     report.add_argument("--out", metavar="DIR", help="run directory to create (default: reports/runs/<date>T<time>-cpu)")
     report.add_argument("--hardware", type=_hardware, default=DEFAULT_HARDWARE, metavar="NAME|FILE.toml",
                         help=f"hardware for the predicted sections (default {DEFAULT_HARDWARE})")
