@@ -44,17 +44,11 @@ NUMPY_POOL = _other_threads()  # the threads that importing NumPy started: its B
 
 
 def _cpu_s(tids):
-    """The CPU seconds the threads ``tids`` have used (each one's own clock, ``affinity.thread_cpu_s``; imported
+    """The CPU seconds the threads ``tids`` have used (each one's own clock, ``affinity.threads_cpu_s``; imported
     here, not above: importing kernels starts Numba's pool, whose threads NUMPY_POOL must not hold)."""
-    from kernels._common.affinity import thread_cpu_s
+    from kernels._common.affinity import threads_cpu_s
 
-    total = 0.0
-    for tid in tids:
-        try:
-            total += thread_cpu_s(tid)
-        except (OSError, OverflowError):
-            pass
-    return total
+    return threads_cpu_s(tids)
 
 
 def _calls(rng, use_torch):

@@ -346,6 +346,17 @@ def one_thread():
         numba.set_num_threads(before)
 
 
+def threads_at_once(threads: int) -> int:
+    """Of ``threads``, how many run at once: no more than the CPUs the pool may use (``kernels.pool_info``). The
+    decode step claims its tasks as threads come free, so with more threads than CPUs it streams at the CPUs' rate,
+    and its outliers' products share the CPUs; timed with one contiguous run per thread, a CPU would get two runs
+    (NUMBA_NUM_THREADS=3 on a 2-vCPU Xeon: the int8 rows at 32 GB/s against 36-40 on two threads, and a SmolLM2
+    token predicted 30% longer than it took)."""
+    import kernels
+
+    return min(int(threads), kernels.pool_info()["cpus"])
+
+
 STEP_K = 1024  # input features of the weight the step's row kernels are timed on (SmolLM2's are 576 and 1536)
 
 
@@ -390,13 +401,8 @@ def decode_step_rates(buffer, threads: int, working_bytes: int | None = None, *,
     ``outliers=False`` leaves ``step_outlier_s`` out (it does not depend on the working set). ``k``: the weights'
     input features (a row's length), STEP_K unless given: the rate can depend on it (``simulator.report.model.
     step_rates`` measures each row length of a model's linears)."""
-    import kernels
-
     K = int(k)
-    # the step claims its tasks as threads come free, so with more threads than CPUs it streams at the CPUs' rate;
-    # one contiguous run per thread, as here, would leave a CPU two runs (NUMBA_NUM_THREADS=3 on a 2-vCPU Xeon: the
-    # int8 rows at 32 GB/s against 36-40 on two threads, and a SmolLM2 token predicted 30% longer than it took)
-    threads = min(int(threads), kernels.pool_info()["cpus"])
+    threads = threads_at_once(threads)  # one contiguous run per thread, as here, on no more threads than CPUs
     if working_bytes is None:
         size = buffer.size // 4
     else:

@@ -213,16 +213,22 @@ def thread_cpu_s(tid: int) -> float:
     return time.clock_gettime((~tid << 3) | 6)
 
 
-def _others_cpu_s(state) -> float:
-    """CPU seconds of the process's threads other than this one and its workers (each worker's ``thread_cpu_s``
-    taken from the process's clock)."""
-    own = time.process_time() - time.thread_time()
-    for tid in state.ids:
+def threads_cpu_s(tids) -> float:
+    """The CPU seconds the threads ``tids`` of this process have used together (``thread_cpu_s``); a thread gone
+    since, or an id out of range, counts nothing."""
+    total = 0.0
+    for tid in tids:
         try:
-            own -= thread_cpu_s(tid)
-        except (OSError, OverflowError):  # gone since (its time stays in the process's: one busy answer), or no id
+            total += thread_cpu_s(tid)
+        except (OSError, OverflowError):
             pass
-    return own
+    return total
+
+
+def _others_cpu_s(state) -> float:
+    """CPU seconds of the process's threads other than this one and its workers (the workers' ``threads_cpu_s``
+    taken from the process's clock; a worker gone since leaves its time in the process's: one busy answer)."""
+    return time.process_time() - time.thread_time() - threads_cpu_s(state.ids)
 
 
 def _others_busy(state, threads) -> bool:
@@ -283,19 +289,28 @@ def steer_workers() -> None:
 
 
 # -- cores held by the process's other threads (``threads.serial_if_small``) ---------------------------------------
+def _read_proc(path, size) -> bytes | None:
+    """The first ``size`` bytes of the /proc file ``path`` (one open and read, no Python file object: these are read
+    before calls), or None where it cannot be read (a thread's file may go between the open and the read:
+    ProcessLookupError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _running(tid) -> bool:
     """Whether the thread ``tid`` of this process is running or waiting for a core: state R in the field after its
     name in /proc/self/task/<tid>/stat (proc(5)); False where it ended since (before the open or the read)."""
-    try:
-        fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
-    except OSError:
+    stat = _read_proc(f"/proc/self/task/{tid}/stat", 512)
+    if stat is None:
         return False
-    try:
-        stat = os.read(fd, 512)
-    except OSError:  # ProcessLookupError: it ended between the open and the read
-        return False
-    finally:
-        os.close(fd)
     end = stat.rfind(b")")  # the name, in parentheses, may hold any byte
     return end >= 0 and stat[end + 2:end + 3] == b"R"
 
@@ -304,16 +319,7 @@ def runnable_threads() -> int | None:
     """Threads running or waiting for a core on the whole machine at this moment, this one included: the fourth
     field of /proc/loadavg, "runnable/existing" (proc(5)); None where it cannot be read. One read, about 3 us,
     whatever the process's thread count: a bound on ``cores_held`` before its look at every thread."""
-    try:
-        fd = os.open("/proc/loadavg", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fields = os.read(fd, 256).split()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    fields = (_read_proc("/proc/loadavg", 256) or b"").split()
     try:
         return int(fields[3].split(b"/")[0])
     except (IndexError, ValueError):

@@ -157,14 +157,23 @@ def serial_if_small(multiply_adds: float = 0, elements: float = 0):
     both thresholds above (``multiply_adds`` of its products, ``elements`` of its element passes), or, with
     SERIAL_WHEN_HELD, while the process's other threads hold every other core (above); otherwise on the pool as
     set. The thread count is Numba's per-thread setting, so other Python threads are not affected."""
+    return _context(_where(multiply_adds, elements))
+
+
+def _where(multiply_adds, elements=0) -> str:
+    """Where a call of this work runs: "small" (on the calling thread), "held" (on the calling thread, beside held
+    cores, with SERIAL_WHEN_HELD) or "pool"."""
     if multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS:
-        return _OnOneThread()
+        return "small"
     if SERIAL_WHEN_HELD and _cores_held():
-        return _OnOneThread(held=True)
-    return _on_the_pool()
+        return "held"
+    return "pool"
 
 
-def _on_the_pool():
+def _context(where):
+    """The context that runs Numba's loops where ``_where`` said."""
+    if where != "pool":
+        return _OnOneThread(held=where == "held")
     from .affinity import steer_workers
 
     steer_workers()  # the pool runs the call's regions: its workers off this thread's core (affinity.py)
@@ -186,20 +195,32 @@ def in_parts(units: int, unit_multiply_adds: float, run) -> None:
     the one call where nothing is held (the option off: always)."""
     start = 0
     while True:
-        if (units - start) * unit_multiply_adds < SERIAL_MULTIPLY_ADDS:
-            with _OnOneThread():
-                run(start, units)
-            return
-        if not (SERIAL_WHEN_HELD and _cores_held()):
-            with _on_the_pool():
-                run(start, units)
-            return
-        stop = min(units, start + max(1, int(PART_MULTIPLY_ADDS // max(unit_multiply_adds, 1))))
-        with _OnOneThread(held=True):
+        where = _where((units - start) * unit_multiply_adds)
+        stop = units
+        if where == "held":
+            stop = min(units, start + max(1, int(PART_MULTIPLY_ADDS // max(unit_multiply_adds, 1))))
+        with _context(where):
             run(start, stop)
         if stop == units:
             return
         start = stop
+
+
+def by_kv_heads(batch, q_heads, kv_heads, head_multiply_adds, whole, part) -> None:
+    """``in_parts`` over the (batch, kv head) units of attention-shaped work, each kv head with its query heads (a
+    query head's products ``head_multiply_adds``): ``whole()`` for the call at once, else ``part(b, heads, kv)``
+    for each batch's run of units (``heads``, ``kv``: slices of the query and kv heads, contiguous in C order)."""
+    group = q_heads // max(kv_heads, 1)
+    units = batch * kv_heads
+
+    def run(start, stop):
+        if (start, stop) == (0, units):
+            whole()
+            return
+        for b, g0, g1 in head_groups(start, stop, kv_heads):
+            part(b, slice(g0 * group, g1 * group), slice(g0, g1))
+
+    in_parts(units, group * head_multiply_adds, run)
 
 
 def head_groups(start: int, stop: int, kv_heads: int):

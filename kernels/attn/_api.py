@@ -9,7 +9,7 @@ from . import _numba_cpu
 from .._common import gpu as _gpu
 from .._common.dispatch import BACKENDS, choose_backend
 from .._common.blas import single_threaded_blas
-from .._common.threads import SERIAL_MULTIPLY_ADDS, head_groups, in_parts, serial_if_small
+from .._common.threads import SERIAL_MULTIPLY_ADDS, by_kv_heads, serial_if_small
 from ._blocks import default_blocks
 from .._common.memory import copy_bytes, ensure_fits
 from ._standard import standard_bytes, standard_forward
@@ -90,28 +90,25 @@ def _flash_bytes(q_shape, n_splits, workers, rows, Bc, elem_bytes, output=True):
 
 
 def _flash_in_parts(q, k, v, scale, causal, block_q, block_k):
-    """(o, lse) of the flash kernel over the (batch, kv head) units of q, k, v as ``threads.in_parts`` runs them: in
-    one call (on this thread when small: ``call_threads``), or beside held cores in parts of a few kv heads each,
+    """(o, lse) of the flash kernel over the (batch, kv head) units of q, k, v as ``threads.by_kv_heads`` runs them:
+    in one call (on this thread when small: ``call_threads``), or beside held cores in parts of a few kv heads each,
     written into one o and lse (the memory of a whole call at most: ``flash_memory_bytes``)."""
-    B, Hq, Hkv = q.shape[0], q.shape[1], k.shape[1]
-    units, group = B * Hkv, Hq // max(Hkv, 1)
     out = []
 
-    def run(start, stop):
-        if (start, stop) == (0, units):
-            out.extend(_flash(q, k, v, scale, causal, block_q, block_k))
-            return
+    def whole():
+        out.extend(_flash(q, k, v, scale, causal, block_q, block_k))
+
+    def part(b, heads, kv):
         if not out:  # the whole call's bytes, which bound the parts' (its output, at most its splits and tiles)
             ensure_fits(flash_memory_bytes(q.shape, k.shape, q.itemsize, block_q=block_q, block_k=block_k,
                                            causal=causal), "attention(algorithm='flash') in parts",
                         "choose smaller block_q and block_k (the default tiles fit the cache)")
             out.extend((np.empty_like(q), np.empty(q.shape[:3], q.dtype)))
-        for b, g0, g1 in head_groups(start, stop, Hkv):
-            heads = slice(g0 * group, g1 * group)
-            _flash(q[b:b + 1, heads], k[b:b + 1, g0:g1], v[b:b + 1, g0:g1], scale, causal, block_q, block_k,
-                   out[0][b:b + 1, heads], out[1][b:b + 1, heads], whole=(q.shape, k.shape))
+        _flash(q[b:b + 1, heads], k[b:b + 1, kv], v[b:b + 1, kv], scale, causal, block_q, block_k,
+               out[0][b:b + 1, heads], out[1][b:b + 1, heads], whole=(q.shape, k.shape))
 
-    in_parts(units, multiply_adds(q.shape, k.shape, causal) / max(units, 1), run)
+    per_head = multiply_adds(q.shape, k.shape, causal) / max(q.shape[0] * q.shape[1], 1)
+    by_kv_heads(q.shape[0], q.shape[1], k.shape[1], per_head, whole, part)
     return out[0], out[1]
 
 

@@ -12,7 +12,7 @@ from .._common.dispatch import choose_backend
 from .._common.dtypes import check_finite, check_float_dtype, check_int
 from .._common.memory import copy_bytes, ensure_fits
 from .._common.blas import single_threaded_blas
-from .._common.threads import head_groups, in_parts, serial_if_small
+from .._common.threads import by_kv_heads, serial_if_small
 from . import _numba_cpu
 
 
@@ -194,23 +194,19 @@ def snapkv_scores(q_window, k, *, kernel_size=7, pooling="max", gqa="mean", back
 
 
 def _by_kv_heads(kernel, q, k, scale, out, *, head_multiply_adds):
-    """``kernel(q, k, scale, out)`` (queries (B, Hq, ., d), keys (B, Hkv, N, d), ``out`` (B, Hq, .) written) over
-    the (batch, kv head) units as ``threads.in_parts`` runs them, each kv head with its query heads, a query head's
-    products ``head_multiply_adds``; its BLAS on one thread (``single_threaded_blas``, entered after the thread
-    count is set: on one thread it leaves the workers' affinities alone)."""
-    B, Hq, Hkv = q.shape[0], q.shape[1], k.shape[1]
-    units, group = B * Hkv, Hq // max(Hkv, 1)
-
-    def run(start, stop):
+    """``kernel(q, k, scale, out)`` (queries (B, Hq, ., d), keys (B, Hkv, N, d), ``out`` (B, Hq, .) written) as
+    ``threads.by_kv_heads`` runs it, a query head's products ``head_multiply_adds``; its BLAS on one thread
+    (``single_threaded_blas``, entered after the thread count is set: on one thread it leaves the workers'
+    affinities alone)."""
+    def whole():
         with single_threaded_blas():
-            if (start, stop) == (0, units):
-                kernel(q, k, scale, out)
-                return
-            for b, g0, g1 in head_groups(start, stop, Hkv):
-                heads = slice(g0 * group, g1 * group)
-                kernel(q[b:b + 1, heads], k[b:b + 1, g0:g1], scale, out[b:b + 1, heads])
+            kernel(q, k, scale, out)
 
-    in_parts(units, group * head_multiply_adds, run)
+    def part(b, heads, kv):
+        with single_threaded_blas():
+            kernel(q[b:b + 1, heads], k[b:b + 1, kv], scale, out[b:b + 1, heads])
+
+    by_kv_heads(q.shape[0], q.shape[1], k.shape[1], head_multiply_adds, whole, part)
 
 
 def top_positions(scores, n_keep):

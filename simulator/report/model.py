@@ -123,9 +123,9 @@ def decode_token_parts(model, rates, context) -> dict:
     fixed_s."""
     import numba
 
-    import kernels
+    from ..calibrate_phases import threads_at_once
 
-    threads = min(numba.get_num_threads(), kernels.pool_info()["cpus"])  # threads that run at once: the CPUs at most
+    threads = threads_at_once(numba.get_num_threads())
     step = model._one_region_step()
     if step is None:
         raise ValueError("only a model that decodes in one parallel region (float32, or int8 weights only) is "
