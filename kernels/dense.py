@@ -3,7 +3,8 @@
 Many rows (a prefill) go to BLAS on Numba's threads (``kernels._common.blas.batched_matmul``), which reads wᵀ in
 place. A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
 Numba's threads. A small product, either way, runs on the calling thread alone (``kernels._common.threads``,
-``serial_if_small``), and NumPy's BLAS threads never wake: on 2 cores the two pools spun against each other
+``serial_if_small``); a prefill's beside held cores a few BLAS blocks at a time (``in_parts``). NumPy's BLAS
+threads never wake: on 2 cores the two pools spun against each other
 after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
 the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).
 
@@ -94,12 +95,11 @@ def matmul_nt(x, w):
     ensure_fits(4 * M * N + copies, f"matmul_nt's ({M}, {N}) float32 result and float32 copies of x, w")
     w = np.ascontiguousarray(w, dtype=np.float32)
     x32 = np.ascontiguousarray(x, dtype=np.float32)
+    if M > GEMV_ROWS:  # on the calling thread when small; beside held cores in parts (``batched_matmul``)
+        return batched_matmul(x32[None], w[None], transpose_b=True, parts=True)[0]
+    out = np.empty((M, N), dtype=np.float32)
     with serial_if_small(multiply_adds=M * N * x.shape[1]):  # a small product on the calling thread
-        if M > GEMV_ROWS:
-            out = batched_matmul(x32[None], w[None], transpose_b=True)[0]
-        else:
-            out = np.empty((M, N), dtype=np.float32)
-            _gemv_nt(x32, w, out)
+        _gemv_nt(x32, w, out)
     return out
 
 

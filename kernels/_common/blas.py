@@ -12,7 +12,7 @@ from threadpoolctl import ThreadpoolController
 
 from .affinity import steer_workers
 from .atomics import COUNTER_STRIDE, claim
-from .threads import pool_threads
+from .threads import in_parts, planned_threads, pool_threads
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,18 +84,20 @@ def _block(task, extent, n_blocks, align):
 
 
 @njit(parallel=True, cache=True)
-def _batched_nt(a, b, out, n_blocks, by_columns, counters):
+def _batched_nt(a, b, out, n_blocks, by_columns, first, last, counters):
     """out[g] = a[g] · b[g]ᵀ for a (G, M, K), b (G, N, K), out (G, M, N): each matrix in n_blocks blocks of rows
     of out, or of its columns with ``by_columns`` (each written through a block of its own, since BLAS here takes
-    only contiguous outputs), claimed by the threads (``counters``: zeros, COUNTER_STRIDE per thread)."""
+    only contiguous outputs), numbered matrix by matrix; the tasks [first, last) of them, claimed by the threads
+    (``counters``: zeros, COUNTER_STRIDE per thread)."""
     M, N = a.shape[1], b.shape[1]
     n_workers = counters.size // COUNTER_STRIDE
-    n_tasks = a.shape[0] * n_blocks
+    n_tasks = last - first
     for worker in prange(n_workers):
         # (int64 arguments, as the decode step passes them: a bare 0 is typed Literal[int](0), and the loop's index
         # uint64 in the function Numba makes of its body; each other type compiles ``claim`` and ``_block`` again)
         task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
         while task >= 0:
+            task += first
             if by_columns:
                 g, c0, c1 = _block(task, N, n_blocks, np.int64(COLUMN_ALIGN))
                 if c1 - c0 == N:  # the whole matrix: straight into out
@@ -112,24 +114,31 @@ def _batched_nt(a, b, out, n_blocks, by_columns, counters):
 
 
 @njit(parallel=True, cache=True)
-def _batched_nn(a, b, out, n_blocks, counters):
-    """out[g] = a[g] · b[g] for a (G, M, K), b (G, K, N), out (G, M, N); each matrix in n_blocks row blocks,
-    claimed as in ``_batched_nt`` (a column block of b would be a strided array, which BLAS here does not take)."""
+def _batched_nn(a, b, out, n_blocks, first, last, counters):
+    """out[g] = a[g] · b[g] for a (G, M, K), b (G, K, N), out (G, M, N); each matrix in n_blocks row blocks, the
+    tasks [first, last) of them claimed as in ``_batched_nt`` (a column block of b would be a strided array, which
+    BLAS here does not take)."""
     n_workers = counters.size // COUNTER_STRIDE
-    n_tasks = a.shape[0] * n_blocks
+    n_tasks = last - first
     for worker in prange(n_workers):
         task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
         while task >= 0:
+            task += first
             g, r0, r1 = _block(task, a.shape[1], n_blocks, np.int64(1))
             if r0 < r1:
                 np.dot(a[g, r0:r1], b[g], out[g, r0:r1])
             task = claim(counters, np.int64(0), np.int64(worker), n_workers, n_tasks)
 
 
-def batched_matmul(a, b, *, transpose_b=False, out=None):
+def batched_matmul(a, b, *, transpose_b=False, out=None, parts=False):
     """a[g] · b[g] (or · b[g]ᵀ) for C-contiguous float32/float64 a (G, M, K) and b (G, K, N) (or (G, N, K)), on
     Numba's threads with one BLAS thread each; returns (G, M, N) in a's dtype, written into ``out`` (a C-contiguous
-    array of that shape and dtype) when given."""
+    array of that shape and dtype) when given.
+
+    Where it runs: where the caller's context says; with ``parts``, where ``threads.in_parts`` says (the caller sets
+    no context): on the calling thread when small, and beside held cores a few of its blocks at a time on the
+    calling thread, looking again before each part. Its blocks are those of the call on the pool either way, and
+    so are its bits."""
     G, M = a.shape[0], a.shape[1]
     N = b.shape[1] if transpose_b else b.shape[2]
     if out is None:
@@ -142,17 +151,29 @@ def batched_matmul(a, b, *, transpose_b=False, out=None):
     if a.shape[2] == 0:
         out[...] = 0
         return out
-    threads = pool_threads()  # the pool's, also in a call alone beside held cores: the same blocks, the same bits
+    multiply_adds = G * M * N * a.shape[2]
+    # the pool's count, also in a call alone beside held cores: the same blocks, the same bits
+    threads = planned_threads(multiply_adds) if parts else pool_threads()
     wanted = -(-TASKS_PER_THREAD * threads // G)  # blocks per matrix for TASKS_PER_THREAD·threads tasks in all
     column_blocks = -(-N // COLUMN_ALIGN)  # the most column blocks of whole 16-column widths
     # split the side whose blocks repack the smaller operand, where its blocks are at least as many as rows would be
     by_columns = transpose_b and M < N and column_blocks >= min(wanted, M)
     n_blocks = max(1, min(column_blocks if by_columns else M, wanted))  # blocks per matrix: G·n_blocks tasks
-    counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)  # (threads·COUNTER_STRIDE,) claims per home block
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    with single_threaded_blas():
-        if transpose_b:
-            _batched_nt(a, b, out, n_blocks, by_columns, counters)
-        else:
-            _batched_nn(a, b, out, n_blocks, counters)
+    n_tasks = G * n_blocks
+
+    def run(first, last):
+        # (threads·COUNTER_STRIDE,) claims per home block; int64 bounds, as the kernels are compiled for
+        counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)
+        first, last = np.int64(first), np.int64(last)
+        with single_threaded_blas():
+            if transpose_b:
+                _batched_nt(a, b, out, n_blocks, by_columns, first, last, counters)
+            else:
+                _batched_nn(a, b, out, n_blocks, first, last, counters)
+
+    if parts:
+        in_parts(n_tasks, multiply_adds / n_tasks, run)
+    else:
+        run(0, n_tasks)
     return out

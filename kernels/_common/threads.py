@@ -14,8 +14,8 @@ call wakes one pool, and when it returns that pool's threads sleep at once:
   where it waits for the caller.
 - A small call runs on the calling thread alone (``serial_if_small``, below), and so does any call while the
   process's other threads (another pool's, spinning after its own call) hold every core but the caller's; a long
-  flash attention or KV-pruning scoring there runs in parts, looking again before each, and goes to the pool once
-  the cores are free (``in_parts``).
+  flash attention, KV-pruning scoring or prefill linear layer there runs in parts, looking again before each, and
+  goes to the pool once the cores are free (``in_parts``).
 
 Why passive: a spinning worker holds its core for as long as it spins (GNU OpenMP: 300 000 PAUSE instructions by
 default, milliseconds on current x86 parts), and a parallel region cannot finish while one of its threads waits
@@ -125,9 +125,10 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # then tends to move the polling thread onto the caller's core, where the two take turns in 4 ms ticks (traced in
 # the stall benchmark's rounds on a 2-vCPU Xeon: an element pass on the calling thread 4.0 ms longer, the other vCPU
 # idle). So a call of any size then runs on the calling thread alone; a long one (flash attention, the KV-pruning
-# scorings) in parts of PART_MULTIPLY_ADDS (below), looking again before each, so that it moves to the pool when
-# NumPy's workers sleep instead of running alone throughout (as h2o N=1024 did, twice as long, in the stall
-# benchmark's rounds where it began just before). On that Xeon the stall benchmark's worst p90/median of ioaware's
+# scorings, a prefill's linear layers: ``blas.batched_matmul``'s blocks) in parts of PART_MULTIPLY_ADDS (below),
+# looking again before each, so that it moves to the pool when NumPy's workers sleep instead of running alone
+# throughout (as h2o N=1024 did, twice as long, in the stall benchmark's rounds where it began just before; and the
+# dense prefill, which as one call met NumPy's workers in a few rounds only, on one core then and on two otherwise). On that Xeon the stall benchmark's worst p90/median of ioaware's
 # calls was 1.28-3.26 in 24 runs of two sessions sharing the cores (over 1.5 in 13), 1.18-1.68 in 7 alone without
 # parts (over 1.5 in 3), 1.14-1.76 in 13 alone with them (over 1.5 in 4: three times a short call that met NumPy's
 # workers in a few rounds only, once a 0.2 ms call on the calling thread).
@@ -160,10 +161,15 @@ def serial_if_small(multiply_adds: float = 0, elements: float = 0):
     return _context(_where(multiply_adds, elements))
 
 
+def _small(multiply_adds, elements) -> bool:
+    """Whether a call's work is below both thresholds above: it runs on the calling thread alone."""
+    return multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS
+
+
 def _where(multiply_adds, elements=0) -> str:
     """Where a call of this work runs: "small" (on the calling thread), "held" (on the calling thread, beside held
     cores, with SERIAL_WHEN_HELD) or "pool"."""
-    if multiply_adds < SERIAL_MULTIPLY_ADDS and elements < SERIAL_ELEMENTS:
+    if _small(multiply_adds, elements):
         return "small"
     if SERIAL_WHEN_HELD and _cores_held():
         return "held"
@@ -244,6 +250,14 @@ def pool_threads() -> int:
 
     count = getattr(_outer, "count", None)
     return numba.get_num_threads() if count is None else count
+
+
+def planned_threads(multiply_adds: float = 0, elements: float = 0) -> int:
+    """The thread count that a call of this work run through ``in_parts`` plans for: one where it is small (as
+    ``serial_if_small`` would run it), else the pool's (``pool_threads``), wherever its parts then run."""
+    if _small(multiply_adds, elements):
+        return 1
+    return pool_threads()
 
 
 class _OnOneThread:

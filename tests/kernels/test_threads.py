@@ -136,8 +136,9 @@ def test_a_dense_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_th
 
 def test_a_dense_prefill_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
     from kernels import dense
+    from kernels._common import blas
 
-    seen = _threads_inside(monkeypatch, dense, "batched_matmul")
+    seen = _threads_inside(monkeypatch, blas, "_batched_nt")
     x, w = rng.standard_normal((17, 96), dtype=np.float32), rng.standard_normal((80, 96), dtype=np.float32)
     y = dense.matmul_nt(x, w)  # 17 rows (past the GEMV's 16): 130 560 multiply-adds
     dense.matmul_nt(rng.standard_normal((256, 576), dtype=np.float32),
@@ -355,8 +356,9 @@ def test_a_call_beside_held_cores_gives_the_same_bits(rng, monkeypatch, two_thre
     from kernels import dense
     from kernels._common import affinity
 
-    x, w = rng.standard_normal((256, 576), dtype=np.float32), rng.standard_normal((1536, 576), dtype=np.float32)
-    seen = _threads_inside(monkeypatch, dense, "batched_matmul")
+    # a decode step's GEMV of 16 rows (dense.GEMV_ROWS) and 2^24.6 multiply-adds: not small
+    x, w = rng.standard_normal((16, 1024), dtype=np.float32), rng.standard_normal((1536, 1024), dtype=np.float32)
+    seen = _threads_inside(monkeypatch, dense, "_gemv_nt")
     on_the_pool = dense.matmul_nt(x, w)
     monkeypatch.setattr(affinity, "cores_held", lambda: max(1, affinity.pool_cpu_count() - 1))
     monkeypatch.setattr(affinity, "runnable_threads", lambda: None)
@@ -494,6 +496,50 @@ def test_the_standard_algorithm_alone_gives_the_bits_of_the_call_on_the_pool(rng
     alone = kernels.attention(q, k, v, causal=causal, algorithm="standard")
     assert len(looked) == 1 and seen[-1] == 1  # it ran alone
     assert np.array_equal(alone, on_the_pool)
+
+
+@pytest.mark.parametrize("looks", [0, 1, 3, 99])
+@pytest.mark.parametrize("transpose_b", [True, False])
+@pytest.mark.parametrize("G, M, K, N, tasks", [
+    (1, 37, 45, 300, 8),  # 2 threads · TASKS_PER_THREAD blocks (of columns, where b is transposed)
+    (3, 70, 19, 33, 9),  # the 8 tasks shared by 3 matrices: 3 blocks of rows each
+])
+def test_products_in_parts_give_the_bits_of_the_call_on_the_pool(rng, monkeypatch, two_threads, looks, transpose_b,
+                                                                 G, M, K, N, tasks):
+    """``blas.batched_matmul(parts=True)`` (a prefill's linear layers): beside held cores one block at a time alone,
+    looking again before each, the rest on the pool once they are free; its blocks those of the call on the pool."""
+    from kernels._common import blas
+
+    a = rng.standard_normal((G, M, K), dtype=np.float32)
+    b = rng.standard_normal((G, N, K) if transpose_b else (G, K, N), dtype=np.float32)
+    monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 1)  # none of these is small
+    on_the_pool = blas.batched_matmul(a, b, transpose_b=transpose_b)
+    seen = []  # (Numba's threads, tasks) of each kernel call
+    for name in ("_batched_nt", "_batched_nn"):
+        def recording(*args, kernel=getattr(blas, name)):
+            first, last = args[-3:-1]
+            seen.append((numba.get_num_threads(), int(last - first)))
+            return kernel(*args)
+        monkeypatch.setattr(blas, name, recording)
+    looked = _every_unit_a_part(monkeypatch, looks)
+    alone = blas.batched_matmul(a, b, transpose_b=transpose_b, parts=True)
+    assert np.array_equal(alone, on_the_pool)
+    assert blas.TASKS_PER_THREAD == 4 and sum(count for _, count in seen) == tasks
+    alone_parts = min(looks, tasks)
+    assert seen == [(1, 1)] * alone_parts + ([(2, tasks - alone_parts)] if alone_parts < tasks else [])
+    assert len(looked) == min(looks + 1, tasks)
+    reference = np.einsum("gmk,gnk->gmn" if transpose_b else "gmk,gkn->gmn", a.astype(np.float64),
+                          b.astype(np.float64))
+    assert_close(alone, reference, "float32")
+
+
+def test_a_prefill_linear_beside_held_cores_runs_in_parts(rng, monkeypatch, two_threads):
+    from kernels import dense
+
+    x, w = rng.standard_normal((256, 576), dtype=np.float32), rng.standard_normal((1536, 576), dtype=np.float32)
+    on_the_pool = dense.matmul_nt(x, w)
+    looked = _held_for(monkeypatch, 2)  # 2^27.1 multiply-adds in 8 blocks: a block a part, two alone
+    assert np.array_equal(dense.matmul_nt(x, w), on_the_pool) and len(looked) == 3
 
 
 def test_flash_in_parts_refuses_what_the_whole_call_would_not_fit(rng, monkeypatch, two_threads):
