@@ -317,7 +317,7 @@ def _running(tid) -> bool:
 
 def runnable_threads() -> int | None:
     """Threads running or waiting for a core on the whole machine at this moment, this one included: the fourth
-    field of /proc/loadavg, "runnable/existing" (proc(5)); None where it cannot be read. One read, about 3 us,
+    field of /proc/loadavg, "runnable/existing" (proc(5)); None where it cannot be read. One read, about 2 us,
     whatever the process's thread count: a bound on ``cores_held`` before its look at every thread."""
     fields = (_read_proc("/proc/loadavg", 256) or b"").split()
     try:
@@ -338,7 +338,8 @@ def cores_held() -> int | None:
     """How many of the process's other threads (not this one, not its workers) are running or waiting for a core at
     this moment (``_running``). A spinning pool's thread is, whether on a core of its own or queued behind this
     thread; a sleeping one is not. None where it cannot tell: not Linux, no pool, or the workers' ids unknown (a
-    worker still leaving the last region would count). About 3 us a thread: the listing and one read each."""
+    worker still leaving the last region would count). About 3 us a thread: the listing and one read each (2-vCPU
+    Xeon, ``benchmarks/test_bench_threads.py``)."""
     if not SUPPORTED:
         return None
     state = _workers

@@ -143,7 +143,8 @@ def _cores_held() -> bool:
     """Whether the process's other threads hold every CPU of the pool but the caller's, and one at least
     (``affinity.cores_held``, ``affinity.pool_cpu_count``); False where it cannot tell. The machine's count of
     runnable threads first (``affinity.runnable_threads``, one read): where it leaves too few beside the caller,
-    no look at each thread (about 3 us a thread: 0.4 ms in a process of 128 threads, measured on a 2-vCPU Xeon)."""
+    no look at each thread (about 3 us a thread: 0.4 ms in a process of 132 threads on a 2-vCPU Xeon,
+    ``benchmarks/test_bench_threads.py``)."""
     from .affinity import cores_held, pool_cpu_count, runnable_threads
 
     needed = max(1, pool_cpu_count() - 1)
