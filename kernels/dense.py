@@ -2,11 +2,11 @@
 
 Many rows (a prefill) go to BLAS on Numba's threads (``kernels._common.blas.batched_matmul``), which reads wᵀ in
 place. A few rows (a decode step) go to a Numba GEMV: every output is a dot product of two contiguous rows, split over
-Numba's threads. A small product, either way, runs on the calling thread alone (``kernels._common.threads``,
-``serial_if_small``); a prefill's beside held cores a few BLAS blocks at a time (``in_parts``). NumPy's BLAS
-threads never wake: on 2 cores the two pools spun against each other
-after every call (SmolLM2 decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread,
-the products here on two instead of BLAS: see ``benchmarks/test_bench_smollm2.py``).
+Numba's threads. A small product, either way, runs on the calling thread alone (``kernels._common.threads``:
+``serial_if_small`` for the GEMV, ``in_parts`` for the prefill, which beside held cores runs a few BLAS blocks at a
+time). NumPy's BLAS threads never wake: on 2 cores the two pools spun against each other after every call (SmolLM2
+decode, 2-core Zen 4: 28 tokens/s with BLAS on one thread, the products here on two instead of BLAS: see
+``benchmarks/test_bench_smollm2.py``).
 
 Versions of the GEMV's row kernel (``gemv_rows``; 2-vCPU Intel Xeon, family 6 model 167, KVM):
   v1: one weight row at a time, a plain loop that LLVM vectorizes.

@@ -152,7 +152,8 @@ def batched_matmul(a, b, *, transpose_b=False, out=None, parts=False):
         out[...] = 0
         return out
     multiply_adds = G * M * N * a.shape[2]
-    # the pool's count, also in a call alone beside held cores: the same blocks, the same bits
+    # the pool's count (one for a small call in parts), also in a call alone beside held cores: the same blocks, the
+    # same bits
     threads = planned_threads(multiply_adds) if parts else pool_threads()
     wanted = -(-TASKS_PER_THREAD * threads // G)  # blocks per matrix for TASKS_PER_THREAD·threads tasks in all
     column_blocks = -(-N // COLUMN_ALIGN)  # the most column blocks of whole 16-column widths
@@ -163,8 +164,8 @@ def batched_matmul(a, b, *, transpose_b=False, out=None, parts=False):
     n_tasks = G * n_blocks
 
     def run(first, last):
-        # (threads·COUNTER_STRIDE,) claims per home block; int64 bounds, as the kernels are compiled for
-        counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)
+        counters = np.zeros(threads * COUNTER_STRIDE, dtype=np.int64)  # (threads·COUNTER_STRIDE,) claims per block
+        # int64 bounds, as the kernels are compiled for
         first, last = np.int64(first), np.int64(last)
         with single_threaded_blas():
             if transpose_b:

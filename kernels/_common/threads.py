@@ -128,8 +128,8 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # scorings, a prefill's linear layers: ``blas.batched_matmul``'s blocks) in parts of PART_MULTIPLY_ADDS (below),
 # looking again before each, so that it moves to the pool when NumPy's workers sleep instead of running alone
 # throughout (as h2o N=1024 did, twice as long, in the stall benchmark's rounds where it began just before; and the
-# dense prefill, which as one call met NumPy's workers in a few rounds only, on one core then and on two otherwise). On that Xeon the stall benchmark's worst p90/median of ioaware's
-# calls was 1.28-3.26 in 24 runs of two sessions sharing the cores (over 1.5 in 13), 1.18-1.68 in 7 alone without
+# dense prefill, which as one call met NumPy's workers in a few rounds only, on one core then and on two otherwise).
+# On that Xeon the stall benchmark's worst p90/median of ioaware's calls was 1.28-3.26 in 24 runs of two sessions sharing the cores (over 1.5 in 13), 1.18-1.68 in 7 alone without
 # parts (over 1.5 in 3), 1.14-1.76 in 13 alone with them (over 1.5 in 4: three times a short call that met NumPy's
 # workers in a few rounds only, once a 0.2 ms call on the calling thread), 1.30-1.86 in 6 more with the prefill in
 # parts (over 1.5 in 3, the prefill each time: 9-17 of its 30 samples within NumPy's window, most of them wholly).
@@ -247,7 +247,8 @@ _outer = threading.local()  # the calling thread's count outside its calls on on
 def pool_threads() -> int:
     """The thread count a call plans its work for (flash's tiles and key splits, ``blas.batched_matmul``'s blocks):
     Numba's, but in a call that runs alone beside held cores the pool's, as set outside it, so that its results are
-    the same bits whether it runs alone or on the pool. (A small call plans for its one thread.)"""
+    the same bits whether it runs alone or on the pool. (A small call plans for its one thread; a call run through
+    ``in_parts`` plans with ``planned_threads``.)"""
     import numba
 
     count = getattr(_outer, "count", None)

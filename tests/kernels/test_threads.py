@@ -134,20 +134,34 @@ def test_a_dense_gemv_runs_small_products_on_one_thread(rng, monkeypatch, two_th
     assert_close(y, ref, np.float32, scale=np.abs(ref).max())  # a matmul: the tolerance of its largest sum
 
 
-def test_a_dense_prefill_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
-    from kernels import dense
+def _blas_calls(monkeypatch):
+    """Record (Numba's threads, tasks) at each call of ``blas``'s product kernels (their task range: last - first)."""
     from kernels._common import blas
 
-    seen = _threads_inside(monkeypatch, blas, "_batched_nt")
+    seen = []
+    for name in ("_batched_nt", "_batched_nn"):
+        def recording(*args, kernel=getattr(blas, name)):
+            first, last = args[-3:-1]
+            seen.append((numba.get_num_threads(), int(last - first)))
+            return kernel(*args)
+        monkeypatch.setattr(blas, name, recording)
+    return seen
+
+
+def test_a_dense_prefill_runs_small_products_on_one_thread(rng, monkeypatch, two_threads):
+    from kernels import dense
+
+    seen = _blas_calls(monkeypatch)
     x, w = rng.standard_normal((17, 96), dtype=np.float32), rng.standard_normal((80, 96), dtype=np.float32)
     y = dense.matmul_nt(x, w)  # 17 rows (past the GEMV's 16): 130 560 multiply-adds
     dense.matmul_nt(rng.standard_normal((256, 576), dtype=np.float32),
                     rng.standard_normal((1536, 576), dtype=np.float32))  # 2^27.75
-    assert seen == [1, 2]
+    # planned for one thread: 4 tasks (blocks of 32 columns); for the pool's two: 8 (blocks of 192 columns)
+    assert seen == [(1, 4), (2, 8)]
     ref = x.astype(np.float64) @ w.astype(np.float64).T
     assert_close(y, ref, np.float32, scale=np.abs(ref).max())
     monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 0)  # the same product on the pool: the same bits
-    assert np.array_equal(dense.matmul_nt(x, w), y) and seen[-1] == 2
+    assert np.array_equal(dense.matmul_nt(x, w), y) and seen[-1] == (2, 8)  # (17 rows in 8 row blocks)
 
 
 def test_kv_pruning_runs_small_scorings_on_one_thread(rng, monkeypatch, two_threads):
@@ -514,13 +528,7 @@ def test_products_in_parts_give_the_bits_of_the_call_on_the_pool(rng, monkeypatc
     b = rng.standard_normal((G, N, K) if transpose_b else (G, K, N), dtype=np.float32)
     monkeypatch.setattr(threads, "SERIAL_MULTIPLY_ADDS", 1)  # none of these is small
     on_the_pool = blas.batched_matmul(a, b, transpose_b=transpose_b)
-    seen = []  # (Numba's threads, tasks) of each kernel call
-    for name in ("_batched_nt", "_batched_nn"):
-        def recording(*args, kernel=getattr(blas, name)):
-            first, last = args[-3:-1]
-            seen.append((numba.get_num_threads(), int(last - first)))
-            return kernel(*args)
-        monkeypatch.setattr(blas, name, recording)
+    seen = _blas_calls(monkeypatch)
     looked = _every_unit_a_part(monkeypatch, looks)
     alone = blas.batched_matmul(a, b, transpose_b=transpose_b, parts=True)
     assert np.array_equal(alone, on_the_pool)
@@ -530,7 +538,7 @@ def test_products_in_parts_give_the_bits_of_the_call_on_the_pool(rng, monkeypatc
     assert len(looked) == min(looks + 1, tasks)
     reference = np.einsum("gmk,gnk->gmn" if transpose_b else "gmk,gkn->gmn", a.astype(np.float64),
                           b.astype(np.float64))
-    assert_close(alone, reference, "float32")
+    assert_close(alone, reference, "float32", scale=np.abs(reference).max())  # a matmul: its largest sum's tolerance
 
 
 def test_a_prefill_linear_beside_held_cores_runs_in_parts(rng, monkeypatch, two_threads):
@@ -538,7 +546,7 @@ def test_a_prefill_linear_beside_held_cores_runs_in_parts(rng, monkeypatch, two_
 
     x, w = rng.standard_normal((256, 576), dtype=np.float32), rng.standard_normal((1536, 576), dtype=np.float32)
     on_the_pool = dense.matmul_nt(x, w)
-    looked = _held_for(monkeypatch, 2)  # 2^27.1 multiply-adds in 8 blocks: a block a part, two alone
+    looked = _held_for(monkeypatch, 2)  # 2^27.75 multiply-adds in 8 blocks: a block a part, two alone
     assert np.array_equal(dense.matmul_nt(x, w), on_the_pool) and len(looked) == 3
 
 
