@@ -2,8 +2,8 @@
 
 Two reads (Linux): the machine's count of runnable threads in /proc/loadavg (``affinity.runnable_threads``), and,
 only where that count leaves enough of them, each thread's state under /proc/self/task (``affinity.cores_held``),
-whose cost grows with the process's threads. Timed here with ``extra`` more threads in the process, each asleep on an
-event as an idle pool's thread is: per look and per thread of the process.
+whose cost grows with the process's threads. Timed here with 0, 16 and 128 more threads in the process, each asleep
+on an event as an idle pool's thread is: per look and per thread of the process.
 
     python -m pytest benchmarks/test_bench_threads.py --benchmark-only
 """
