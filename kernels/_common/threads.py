@@ -204,7 +204,9 @@ def in_parts(units: int, unit_multiply_adds: float, run) -> None:
     the one call where nothing is held (the option off: always)."""
     start = 0
     while True:
-        where = _where((units - start) * unit_multiply_adds)
+        # (rounded: the work is whole multiply-adds, and a total of exactly SERIAL_MULTIPLY_ADDS passed as units of
+        # total / units can come back a hair below it, e.g. in 49 or 98 units, and be taken for small)
+        where = _where(round((units - start) * unit_multiply_adds))
         stop = units
         if where == "held":
             stop = min(units, start + max(1, int(PART_MULTIPLY_ADDS // max(unit_multiply_adds, 1))))

@@ -417,6 +417,17 @@ def test_a_long_call_beside_held_cores_runs_in_parts_until_they_are_free(monkeyp
     assert numba.get_num_threads() == 2
 
 
+@pytest.mark.parametrize("units", [49, 98, 196])
+def test_work_of_the_threshold_in_units_is_not_small(monkeypatch, two_threads, units):
+    # SERIAL_MULTIPLY_ADDS / units * units is a hair below the threshold in floating point for these counts
+    assert (threads.SERIAL_MULTIPLY_ADDS / units) * units < threads.SERIAL_MULTIPLY_ADDS
+    _held_for(monkeypatch, 0)
+    runs = []
+    threads.in_parts(units, threads.SERIAL_MULTIPLY_ADDS / units,
+                     lambda start, stop: runs.append((start, stop, numba.get_num_threads())))
+    assert runs == [(0, units, 2)]
+
+
 def test_no_units_run_once():
     runs = []
     threads.in_parts(0, UNIT, lambda start, stop: runs.append((start, stop)))
