@@ -205,7 +205,7 @@ def in_parts(units: int, unit_multiply_adds: float, run) -> None:
     start = 0
     while True:
         # (rounded: the work is whole multiply-adds, and a total of exactly SERIAL_MULTIPLY_ADDS passed as units of
-        # total / units can come back a hair below it, e.g. in 49 or 98 units, and be taken for small)
+        # total / units can come back a hair below it, e.g. in 49, 98 or 196 units, and be taken for small)
         where = _where(round((units - start) * unit_multiply_adds))
         stop = units
         if where == "held":
