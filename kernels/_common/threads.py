@@ -133,7 +133,7 @@ SERIAL_ELEMENTS = 2**21  # a float32 element pass (read 4 B, write 1-4 B): ~1 ms
 # sharing the cores (over 1.5 in 13), 1.18-1.68 in 7 alone without parts (over 1.5 in 3), 1.14-1.76 in 13 alone with
 # them (over 1.5 in 4: three times a short call that met NumPy's workers in a few rounds only, once a 0.2 ms call on
 # the calling thread), 1.30-1.86 in 6 more with the prefill in parts (over 1.5 in 3, the prefill each time: 9-17 of
-# its 30 samples within NumPy's window, most of them wholly).
+# its 30 samples within NumPy's window, most of them wholly). Every run, later ones included: benchmarks/STALLS.md.
 # The price: a call wholly within NumPy's window runs on one core (flash N=2048 causal 57-64 ms against 42-49
 # sharing). IOAWARE_SERIAL_WHEN_HELD=0 when kernels is imported makes the workers share the held cores instead.
 HELD_SWITCH = "IOAWARE_SERIAL_WHEN_HELD"  # "0" when kernels is imported: the workers share held cores
